@@ -1,0 +1,366 @@
+// Package dlock is a distributed lock whose grants are leases with fencing
+// tokens: many processes on many machines agree that only one of them runs a
+// piece of work at a time, and the work can be made safe to act on.
+//
+//	locker, err := dlock.Open(ctx, "redis://127.0.0.1:6379")
+//	lease, err := locker.Acquire(ctx, "settle:42:2026-09-30", dlock.WithTTL(10*time.Second))
+//	defer lease.Release(context.Background())
+//	err = settle(lease.Context(), lease.Fence()) // stops when the lease is lost
+//
+// # Guarantees
+//
+// Every grant is a lease: an owner token (128 random bits, unique per grant)
+// and a TTL that the store enforces. While the lease is held, a heartbeat
+// renews it every TTL/3 (WithHeartbeat). The client measures validity on its
+// own monotonic clock and never compares wall clocks across machines: a lease
+// is valid until sent + TTL − drift, where sent is the moment the acquisition
+// (or the last confirmed renewal) request was sent, so the time spent
+// acquiring is subtracted. Drift defaults to 1% of the TTL plus 2 ms.
+//
+// Renewals, releases and acquisitions compare the owner token atomically on
+// the store; a bare delete never happens, so a holder whose lease expired can
+// never remove its successor's grant.
+//
+// # Lost leases
+//
+// A lease is lost when a renewal answers that the owner no longer holds the
+// key, when the validity deadline passes without a confirmed renewal, or
+// when the store pushes the loss (a ZooKeeper session expiry, a dropped
+// PostgreSQL session). Loss is prompt: at the validity deadline, never
+// later. On loss Lease.Done closes and Lease.Context is cancelled with cause
+// ErrLeaseLost; work running under that context must stop (self-fencing).
+//
+// # Fencing
+//
+// A lock alone cannot stop a holder that was paused (GC, swap, SIGSTOP) past
+// its TTL from writing after its successor started. Every grant therefore
+// carries a fencing token (Lease.Fence): a uint64 > 0, strictly greater than
+// every fence issued earlier for the same key. Pass it to the protected
+// resource and let the resource reject a stale one; package dlock/fence does
+// that for SQL tables and Redis keys. Each driver's documentation says when
+// its store can break fence monotonicity (Redis without persistence, for
+// example).
+//
+// # Store outages
+//
+// dlock fails closed: an acquisition that cannot reach the store returns
+// ErrUnavailable within the op timeout (WithOpTimeout, default 5 s) and no
+// lease. WithFailOpen returns a degraded lease without a fence instead, for
+// efficiency locks only.
+//
+// # Stores
+//
+// A store is chosen by URL (Open), or by constructing a driver directly
+// (New). Drivers live under dlock/drivers: memdriver (mem://, in-process),
+// redisdriver (redis://), and the others as they land. Each driver's package
+// documentation states its safety assumptions.
+package dlock
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/dlock-dev/dlock/driver"
+)
+
+// The sentinel errors. Every error returned by this package matches one of
+// them with errors.Is, and carries the operation, key and store in its
+// message. They are the same values as the driver package's, so errors.Is
+// works at every layer.
+var (
+	// ErrNotAcquired: TryAcquire found the key held by another owner.
+	ErrNotAcquired = driver.ErrNotAcquired
+	// ErrLeaseLost: the lease can no longer be trusted (renewal refused,
+	// validity deadline passed, or store-reported loss), or Release was
+	// called on a lease that was already lost.
+	ErrLeaseLost = driver.ErrLeaseLost
+	// ErrUnavailable: the store could not be reached or did not answer
+	// within the op timeout. The store's own error is wrapped too.
+	ErrUnavailable = driver.ErrUnavailable
+	// ErrInvalidKey: the key is empty, longer than MaxKeyBytes (512) bytes,
+	// not valid UTF-8, or contains NUL.
+	ErrInvalidKey = driver.ErrInvalidKey
+	// ErrInvalidTTL: the TTL is outside [MinTTL, MaxTTL], or the heartbeat
+	// interval is not shorter than the TTL minus drift.
+	ErrInvalidTTL = driver.ErrInvalidTTL
+	// ErrStaleFence: a resource refused a write whose fencing token is not
+	// greater than one it has already seen (package dlock/fence).
+	ErrStaleFence = driver.ErrStaleFence
+	// ErrClosed: the Locker has been closed.
+	ErrClosed = driver.ErrClosed
+	// ErrReleased: the lease was released by its holder; the cause of its
+	// context after Release.
+	ErrReleased = driver.ErrReleased
+)
+
+// Limits of keys and TTLs, the same for every store.
+const (
+	MaxKeyBytes = driver.MaxKeyBytes // longest key, in bytes
+	MinTTL      = driver.MinTTL      // shortest TTL: 100 ms
+	MaxTTL      = driver.MaxTTL      // longest TTL: 24 h
+)
+
+// HolderInfo describes the current grant of a key (see Locker.Inspect).
+type HolderInfo = driver.HolderInfo
+
+// Locker acquires leases from one store. It is safe for concurrent use; make
+// one per process and store, and Close it at shutdown.
+type Locker struct {
+	drv   driver.Driver
+	store string
+	opts  options
+
+	closeCtx    context.Context
+	closeCancel context.CancelCauseFunc
+
+	mu     sync.Mutex
+	closed bool
+	leases map[*Lease]struct{}
+}
+
+// Open opens a Locker on the store named by rawURL, choosing the driver by
+// the URL's scheme ("mem", "redis", "dlockd", ...) from the drivers
+// registered with driver.Register (import the driver package for its side
+// effect). opts set the defaults of every acquisition. It returns an error
+// wrapping ErrUnavailable when the store cannot be reached.
+func Open(ctx context.Context, rawURL string, opts ...Option) (*Locker, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("dlock: open %q: %w", rawURL, err)
+	}
+	open, err := driver.Lookup(u.Scheme)
+	if err != nil {
+		return nil, err
+	}
+	d, err := open(ctx, u)
+	if err != nil {
+		if errors.Is(err, ErrUnavailable) || errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrInvalidTTL) {
+			return nil, fmt.Errorf("dlock: open %s: %w", redact(u), err)
+		}
+		return nil, fmt.Errorf("dlock: open %s: %w: %w", redact(u), ErrUnavailable, err)
+	}
+	return New(d, append([]Option{WithStoreName(u.Scheme)}, opts...)...), nil
+}
+
+func redact(u *url.URL) string { return u.Redacted() }
+
+// WithStoreName sets the store name used in error messages and as the
+// observer's store label. Open sets it to the URL scheme; New defaults to
+// "store". It only has an effect on New and Open.
+func WithStoreName(name string) Option {
+	return func(o *options) { o.storeName = name }
+}
+
+// New returns a Locker over a driver constructed directly. The Locker takes
+// ownership of d: Close closes it. opts set the defaults of every
+// acquisition.
+func New(d driver.Driver, opts ...Option) *Locker {
+	o := defaultOptions()
+	o.storeName = "store"
+	for _, opt := range opts {
+		opt(&o)
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	return &Locker{
+		drv:         d,
+		store:       o.storeName,
+		opts:        o,
+		closeCtx:    ctx,
+		closeCancel: cancel,
+		leases:      map[*Lease]struct{}{},
+	}
+}
+
+// Driver returns the driver the Locker uses, for optional capabilities.
+func (l *Locker) Driver() driver.Driver { return l.drv }
+
+// Acquire waits until key is granted or ctx ends, and returns the lease. On
+// stores that queue waiters (driver.Waiter) it waits by notification; on the
+// others it polls with full-jitter exponential backoff (WithBackoff), woken
+// early by release hints where the store gives them.
+//
+// Errors: ErrInvalidKey, ErrInvalidTTL, ErrUnavailable (fail closed; see
+// WithFailOpen), ErrClosed, or an error matching ctx.Err() when ctx ends
+// first. When an error is returned, nothing is left held on the store.
+func (l *Locker) Acquire(ctx context.Context, key string, opts ...Option) (*Lease, error) {
+	return l.acquire(ctx, key, true, l.callOptions(opts))
+}
+
+// TryAcquire makes one attempt and returns the lease, or an error matching
+// ErrNotAcquired at once when key is held. Other errors are as for Acquire.
+func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...Option) (*Lease, error) {
+	return l.acquire(ctx, key, false, l.callOptions(opts))
+}
+
+// Do acquires key (waiting, as Acquire), runs fn with the lease's context,
+// and releases the lease when fn returns. It returns fn's error; when the
+// lease was lost while fn ran, the error also matches ErrLeaseLost.
+func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context) error, opts ...Option) error {
+	lease, err := l.Acquire(ctx, key, opts...)
+	if err != nil {
+		return err
+	}
+	fnErr := fn(lease.Context())
+	relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lease.opts.opTimeout)
+	defer cancel()
+	relErr := lease.Release(relCtx)
+	if errors.Is(relErr, ErrLeaseLost) {
+		return errors.Join(fnErr, relErr)
+	}
+	if fnErr != nil {
+		return fnErr
+	}
+	return relErr
+}
+
+// Inspect returns the current grant of key. It returns an error wrapping
+// ErrNotAcquired when the key is free, and errors.ErrUnsupported when the
+// store cannot inspect.
+func (l *Locker) Inspect(ctx context.Context, key string) (HolderInfo, error) {
+	if err := ValidateKey(key); err != nil {
+		return HolderInfo{}, l.wrap("inspect", key, err)
+	}
+	in, ok := l.drv.(driver.Inspector)
+	if !ok {
+		return HolderInfo{}, l.wrap("inspect", key, errors.ErrUnsupported)
+	}
+	octx, cancel := l.opContext(ctx, l.opts)
+	defer cancel()
+	info, err := in.Inspect(octx, key)
+	return info, l.classify("inspect", key, ctx, err)
+}
+
+// List returns the held keys that start with prefix, sorted by key, or
+// errors.ErrUnsupported when the store cannot list.
+func (l *Locker) List(ctx context.Context, prefix string) ([]HolderInfo, error) {
+	in, ok := l.drv.(driver.Inspector)
+	if !ok {
+		return nil, l.wrap("list", prefix, errors.ErrUnsupported)
+	}
+	octx, cancel := l.opContext(ctx, l.opts)
+	defer cancel()
+	infos, err := in.List(octx, prefix)
+	return infos, l.classify("list", prefix, ctx, err)
+}
+
+// Close ends every lease the Locker still holds (releasing each on the
+// store, best effort within the op timeout; their contexts are cancelled
+// with cause ErrClosed), makes pending and later acquisitions fail with
+// ErrClosed, and closes the driver. Closing twice returns nil.
+func (l *Locker) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	leases := make([]*Lease, 0, len(l.leases))
+	for ls := range l.leases {
+		leases = append(leases, ls)
+	}
+	l.mu.Unlock()
+	l.closeCancel(ErrClosed)
+	for _, ls := range leases {
+		ls.end(context.Background(), ErrClosed)
+	}
+	return l.drv.Close()
+}
+
+func (l *Locker) callOptions(opts []Option) options {
+	o := l.opts
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
+// ValidateKey reports whether key is a valid lock name: 1 to MaxKeyBytes
+// bytes of valid UTF-8 without NUL. It returns nil or ErrInvalidKey wrapped
+// with the reason.
+func ValidateKey(key string) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: empty", ErrInvalidKey)
+	case len(key) > MaxKeyBytes:
+		return fmt.Errorf("%w: %d bytes, longer than %d", ErrInvalidKey, len(key), MaxKeyBytes)
+	case !utf8.ValidString(key):
+		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidKey)
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] == 0 {
+			return fmt.Errorf("%w: contains NUL at byte %d", ErrInvalidKey, i)
+		}
+	}
+	return nil
+}
+
+// ValidateTTL reports whether ttl lies in [MinTTL, MaxTTL]. It returns nil
+// or ErrInvalidTTL wrapped with the reason.
+func ValidateTTL(ttl time.Duration) error {
+	if ttl < MinTTL || ttl > MaxTTL {
+		return fmt.Errorf("%w: %v is outside [%v, %v]", ErrInvalidTTL, ttl, MinTTL, MaxTTL)
+	}
+	return nil
+}
+
+func validateOptions(o options) error {
+	if err := ValidateTTL(o.ttl); err != nil {
+		return err
+	}
+	hb := o.effectiveHeartbeat()
+	if hb >= o.ttl-o.effectiveDrift() {
+		return fmt.Errorf("%w: heartbeat %v is not shorter than TTL %v minus drift %v", ErrInvalidTTL, hb, o.ttl, o.effectiveDrift())
+	}
+	return nil
+}
+
+// newOwnerToken returns 128 random bits, hex-encoded.
+func newOwnerToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never returns an error (Go ≥ 1.24)
+	return hex.EncodeToString(b[:])
+}
+
+// opContext bounds one store round trip by the op timeout and the locker's
+// close.
+func (l *Locker) opContext(ctx context.Context, o options) (context.Context, context.CancelFunc) {
+	octx, cancel := context.WithTimeout(ctx, o.opTimeout)
+	stop := context.AfterFunc(l.closeCtx, cancel)
+	return octx, func() { stop(); cancel() }
+}
+
+func (l *Locker) wrap(op, key string, err error) error {
+	return fmt.Errorf("dlock: %s %q on %s: %w", op, key, l.store, err)
+}
+
+// classify turns a driver error into this package's errors: sentinels pass
+// through, the caller's context ending matches ctx.Err(), a closed locker is
+// ErrClosed, and anything else is ErrUnavailable wrapping the store error.
+func (l *Locker) classify(op, key string, ctx context.Context, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrNotAcquired), errors.Is(err, ErrLeaseLost),
+		errors.Is(err, ErrInvalidKey), errors.Is(err, ErrInvalidTTL),
+		errors.Is(err, ErrStaleFence), errors.Is(err, errors.ErrUnsupported):
+		return l.wrap(op, key, err)
+	case ctx.Err() != nil:
+		if cause := context.Cause(ctx); cause != nil && cause != ctx.Err() {
+			return l.wrap(op, key, fmt.Errorf("%w (%w)", ctx.Err(), cause))
+		}
+		return l.wrap(op, key, ctx.Err())
+	case l.closeCtx.Err() != nil:
+		return l.wrap(op, key, ErrClosed)
+	case errors.Is(err, ErrUnavailable):
+		return l.wrap(op, key, err)
+	default:
+		return l.wrap(op, key, fmt.Errorf("%w: %w", ErrUnavailable, err))
+	}
+}

@@ -1,0 +1,232 @@
+package dlocktest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/dlock-dev/dlock/driver"
+)
+
+// ErrCutOff is the store error a FaultDriver returns while it is cut off, as
+// a dropped network would.
+var ErrCutOff = errors.New("dlocktest: driver cut off from the store")
+
+// FaultDriver wraps a driver and injects faults into its calls, the way
+// pebble's errorfs wraps a filesystem. Faults compose: each injector can be
+// switched on and off while the driver is in use, and each one logs its plan
+// through the Logf given to NewFaultDriver. It forwards the wrapped driver's
+// optional capabilities Waiter and Inspector (not Hinter: hints only
+// shorten waits) unless built with WithoutWaiter.
+type FaultDriver struct {
+	inner driver.Driver
+	logf  func(format string, args ...any)
+
+	mu          sync.Mutex
+	blockRenew  bool
+	cut         bool
+	delay       time.Duration
+	dropRelease bool
+}
+
+// NewFaultDriver wraps d. logf (for example t.Logf) receives each
+// injector's plan; nil discards it.
+func NewFaultDriver(d driver.Driver, logf func(format string, args ...any)) driver.Driver {
+	f := &FaultDriver{inner: d, logf: logf}
+	if f.logf == nil {
+		f.logf = func(string, ...any) {}
+	}
+	return f.withCapabilities()
+}
+
+// Faults returns the FaultDriver behind a driver made by NewFaultDriver or
+// WithoutWaiter, or nil.
+func Faults(d driver.Driver) *FaultDriver {
+	switch x := d.(type) {
+	case *FaultDriver:
+		return x
+	case *faultWaiter:
+		return x.FaultDriver
+	case *faultFull:
+		return x.FaultDriver
+	case *faultInspector:
+		return x.FaultDriver
+	}
+	return nil
+}
+
+// WithoutWaiter wraps d so that it hides the Waiter capability: the root
+// package then waits by backoff polling. Used to run the suite over both
+// waiting paths of one store.
+func WithoutWaiter(d driver.Driver) driver.Driver {
+	f := &FaultDriver{inner: d, logf: func(string, ...any) {}}
+	if _, ok := d.(driver.Inspector); ok {
+		return &faultInspector{f}
+	}
+	return f
+}
+
+type faultWaiter struct{ *FaultDriver }
+type faultInspector struct{ *FaultDriver }
+type faultFull struct{ *FaultDriver }
+
+func (f *FaultDriver) withCapabilities() driver.Driver {
+	_, w := f.inner.(driver.Waiter)
+	_, i := f.inner.(driver.Inspector)
+	switch {
+	case w && i:
+		return &faultFull{f}
+	case w:
+		return &faultWaiter{f}
+	case i:
+		return &faultInspector{f}
+	}
+	return f
+}
+
+// BlockRenewals makes every renewal hang until its context ends (a store
+// that stops answering one client's heartbeats), or undoes it.
+func (f *FaultDriver) BlockRenewals(on bool) {
+	f.mu.Lock()
+	f.blockRenew = on
+	f.mu.Unlock()
+	f.logf("faults: renewals %s", onOff(on, "blocked until their context ends", "pass through"))
+}
+
+// CutOff makes every call fail at once with ErrCutOff (a partition between
+// this client and the store), or undoes it.
+func (f *FaultDriver) CutOff(on bool) {
+	f.mu.Lock()
+	f.cut = on
+	f.mu.Unlock()
+	f.logf("faults: driver %s", onOff(on, "cut off from the store", "reconnected"))
+}
+
+// Delay adds d before every call (zero removes it).
+func (f *FaultDriver) Delay(d time.Duration) {
+	f.mu.Lock()
+	f.delay = d
+	f.mu.Unlock()
+	f.logf("faults: every call delayed by %v", d)
+}
+
+// DropReleaseReplies makes Release perform the release on the store but
+// report a store error, as if the reply was lost, or undoes it.
+func (f *FaultDriver) DropReleaseReplies(on bool) {
+	f.mu.Lock()
+	f.dropRelease = on
+	f.mu.Unlock()
+	f.logf("faults: release replies %s", onOff(on, "dropped after the store acted", "delivered"))
+}
+
+func onOff(on bool, yes, no string) string {
+	if on {
+		return yes
+	}
+	return no
+}
+
+func (f *FaultDriver) before(ctx context.Context) error {
+	f.mu.Lock()
+	cut, delay := f.cut, f.delay
+	f.mu.Unlock()
+	if delay > 0 {
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
+	if cut {
+		return ErrCutOff
+	}
+	return nil
+}
+
+// TryAcquire implements driver.Driver.
+func (f *FaultDriver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	if err := f.before(ctx); err != nil {
+		return driver.Grant{}, err
+	}
+	return f.inner.TryAcquire(ctx, req)
+}
+
+// Renew implements driver.Driver.
+func (f *FaultDriver) Renew(ctx context.Context, key, owner string, ttl time.Duration) error {
+	if err := f.before(ctx); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	block := f.blockRenew
+	f.mu.Unlock()
+	if block {
+		<-ctx.Done()
+		return fmt.Errorf("dlocktest: renewal blocked: %w", ctx.Err())
+	}
+	return f.inner.Renew(ctx, key, owner, ttl)
+}
+
+// Release implements driver.Driver.
+func (f *FaultDriver) Release(ctx context.Context, key, owner string) error {
+	if err := f.before(ctx); err != nil {
+		return err
+	}
+	err := f.inner.Release(ctx, key, owner)
+	f.mu.Lock()
+	drop := f.dropRelease
+	f.mu.Unlock()
+	if drop {
+		return fmt.Errorf("dlocktest: release reply lost (store said %v)", err)
+	}
+	return err
+}
+
+// Close implements driver.Driver.
+func (f *FaultDriver) Close() error { return f.inner.Close() }
+
+// Inner returns the wrapped driver.
+func (f *FaultDriver) Inner() driver.Driver { return f.inner }
+
+func (f *FaultDriver) wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	if err := f.before(ctx); err != nil {
+		return driver.Grant{}, err
+	}
+	return f.inner.(driver.Waiter).Wait(ctx, req)
+}
+
+func (f *FaultDriver) inspect(ctx context.Context, key string) (driver.HolderInfo, error) {
+	if err := f.before(ctx); err != nil {
+		return driver.HolderInfo{}, err
+	}
+	return f.inner.(driver.Inspector).Inspect(ctx, key)
+}
+
+func (f *FaultDriver) list(ctx context.Context, prefix string) ([]driver.HolderInfo, error) {
+	if err := f.before(ctx); err != nil {
+		return nil, err
+	}
+	return f.inner.(driver.Inspector).List(ctx, prefix)
+}
+
+func (f *faultWaiter) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	return f.wait(ctx, req)
+}
+func (f *faultFull) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	return f.wait(ctx, req)
+}
+func (f *faultFull) Inspect(ctx context.Context, key string) (driver.HolderInfo, error) {
+	return f.inspect(ctx, key)
+}
+func (f *faultFull) List(ctx context.Context, prefix string) ([]driver.HolderInfo, error) {
+	return f.list(ctx, prefix)
+}
+func (f *faultInspector) Inspect(ctx context.Context, key string) (driver.HolderInfo, error) {
+	return f.inspect(ctx, key)
+}
+func (f *faultInspector) List(ctx context.Context, prefix string) ([]driver.HolderInfo, error) {
+	return f.list(ctx, prefix)
+}

@@ -1,0 +1,317 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/dlock-dev/dlock/driver"
+)
+
+type leaseState int
+
+const (
+	stateHeld leaseState = iota
+	stateLost
+	stateReleased
+	stateClosed
+)
+
+// Lease is one grant of one key. It renews itself in the background until it
+// is released or lost. All methods are safe for concurrent use.
+type Lease struct {
+	locker   *Locker
+	key      string
+	owner    string
+	fence    uint64
+	degraded bool
+	opts     options
+	start    time.Time
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	done   chan struct{}
+
+	hbCtx    context.Context    // cancelled to stop the heartbeat
+	hbCancel context.CancelFunc // (and any renewal in flight)
+	hbDone   chan struct{}      // closed when the heartbeat goroutine ends
+
+	mu        sync.Mutex
+	state     leaseState
+	err       error
+	deadline  time.Time   // monotonic validity deadline
+	lossTimer *time.Timer // fires at deadline
+}
+
+func (l *Locker) newLease(req driver.AcquireRequest, g driver.Grant, sent time.Time, o options) (*Lease, error) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	hbCtx, hbCancel := context.WithCancel(context.Background())
+	ls := &Lease{
+		locker: l, key: req.Key, owner: req.Owner, fence: g.Fence, opts: o,
+		start: sent, ctx: ctx, cancel: cancel, done: make(chan struct{}),
+		hbCtx: hbCtx, hbCancel: hbCancel, hbDone: make(chan struct{}),
+		deadline: sent.Add(o.ttl - o.effectiveDrift()),
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		hbCancel()
+		cancel(ErrClosed)
+		l.cleanup(req, o)
+		return nil, l.wrap("acquire", req.Key, ErrClosed)
+	}
+	l.leases[ls] = struct{}{}
+	ls.mu.Lock()
+	ls.lossTimer = time.AfterFunc(time.Until(ls.deadline), ls.onDeadline)
+	ls.mu.Unlock()
+	l.mu.Unlock()
+	go ls.heartbeat(g.Lost)
+	return ls, nil
+}
+
+func (l *Locker) degradedLease(req driver.AcquireRequest, o options) *Lease {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	hbCtx, hbCancel := context.WithCancel(context.Background())
+	hbDone := make(chan struct{})
+	close(hbDone)
+	return &Lease{
+		locker: l, key: req.Key, owner: req.Owner, degraded: true, opts: o,
+		start: time.Now(), ctx: ctx, cancel: cancel, done: make(chan struct{}),
+		hbCtx: hbCtx, hbCancel: hbCancel, hbDone: hbDone,
+	}
+}
+
+// Key returns the lock name.
+func (ls *Lease) Key() string { return ls.key }
+
+// Fence returns the fencing token of the grant: > 0 and strictly greater than
+// every fence the store issued earlier for this key (see the driver's docs
+// for when its store cannot promise that). It is 0 for a degraded lease.
+func (ls *Lease) Fence() uint64 { return ls.fence }
+
+// Owner returns the owner token: 128 random bits, hex-encoded, unique to
+// this grant.
+func (ls *Lease) Owner() string { return ls.owner }
+
+// Degraded reports whether the lease was granted without the store, by
+// WithFailOpen; a degraded lease has no fence and protects nothing.
+func (ls *Lease) Degraded() bool { return ls.degraded }
+
+// TTL returns the lease's time to live.
+func (ls *Lease) TTL() time.Duration { return ls.opts.ttl }
+
+// Deadline returns the conservative local validity deadline: the moment the
+// last confirmed acquisition or renewal request was sent, plus TTL minus
+// drift, on this process's monotonic clock. Work that must finish under the
+// lease should finish before it. It is the zero time for a degraded lease.
+func (ls *Lease) Deadline() time.Time {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.deadline
+}
+
+// Done returns a channel that is closed when the lease ends: lost, released,
+// or its Locker closed. Err says which.
+func (ls *Lease) Done() <-chan struct{} { return ls.done }
+
+// Err returns nil while the lease is held; after Done is closed it returns an
+// error matching ErrLeaseLost (lost), ErrReleased (released) or ErrClosed
+// (Locker closed).
+func (ls *Lease) Err() error {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.err
+}
+
+// Context returns a context that is cancelled when the lease ends, with
+// context.Cause returning the same error as Err (ErrLeaseLost on loss). Run
+// the protected work under it.
+func (ls *Lease) Context() context.Context { return ls.ctx }
+
+// Release stops the heartbeat, then removes the grant from the store,
+// atomically and only if this lease still holds it. It returns nil on
+// success and when called again after a successful release; an error
+// matching ErrLeaseLost, with nothing changed on the store, when the lease
+// was already lost (or expired on the store); ErrUnavailable when the store
+// could not be asked (the grant then expires by its TTL); ErrClosed when the
+// Locker was closed.
+func (ls *Lease) Release(ctx context.Context) error {
+	return ls.end(ctx, ErrReleased)
+}
+
+// end moves a held lease to released (reason ErrReleased) or closed
+// (ErrClosed), stopping the heartbeat before touching the store.
+func (ls *Lease) end(ctx context.Context, reason error) error {
+	l := ls.locker
+	ls.mu.Lock()
+	switch ls.state {
+	case stateLost:
+		err := ls.err
+		ls.mu.Unlock()
+		return err
+	case stateReleased:
+		ls.mu.Unlock()
+		return nil
+	case stateClosed:
+		ls.mu.Unlock()
+		return l.wrap("release", ls.key, ErrClosed)
+	}
+	if reason == ErrClosed {
+		ls.state = stateClosed
+	} else {
+		ls.state = stateReleased
+	}
+	ls.err = l.wrap("release", ls.key, reason)
+	if ls.lossTimer != nil {
+		ls.lossTimer.Stop()
+	}
+	ls.mu.Unlock()
+
+	ls.hbCancel()
+	<-ls.hbDone
+	ls.cancel(ls.err)
+	close(ls.done)
+	l.forget(ls)
+
+	var err error
+	if !ls.degraded {
+		octx, cancel := context.WithTimeout(ctx, ls.opts.opTimeout)
+		err = l.drv.Release(octx, ls.key, ls.owner)
+		cancel()
+		err = l.classify("release", ls.key, ctx, err)
+	}
+	l.observer(ls.opts).LeaseEnded(EndEvent{Store: l.store, KeyClass: ls.opts.keyClass, Held: time.Since(ls.start)})
+	if errors.Is(err, ErrLeaseLost) {
+		ls.mu.Lock()
+		ls.err = err
+		ls.mu.Unlock()
+	}
+	if reason == ErrClosed {
+		return nil
+	}
+	return err
+}
+
+// onDeadline runs when the validity deadline passes without a confirmed
+// renewal.
+func (ls *Lease) onDeadline() {
+	ls.mu.Lock()
+	if ls.state != stateHeld {
+		ls.mu.Unlock()
+		return
+	}
+	if left := time.Until(ls.deadline); left > 0 {
+		ls.lossTimer.Reset(left) // a renewal moved the deadline
+		ls.mu.Unlock()
+		return
+	}
+	ls.mu.Unlock()
+	ls.lose(LostExpired, fmt.Errorf("validity deadline passed without a confirmed renewal"))
+}
+
+// lose declares the lease lost, once.
+func (ls *Lease) lose(reason string, cause error) {
+	l := ls.locker
+	ls.mu.Lock()
+	if ls.state != stateHeld {
+		ls.mu.Unlock()
+		return
+	}
+	ls.state = stateLost
+	ls.err = l.wrap("lease", ls.key, fmt.Errorf("%w (%s): %w", ErrLeaseLost, reason, cause))
+	ls.lossTimer.Stop()
+	err := ls.err
+	ls.mu.Unlock()
+
+	ls.cancel(err)
+	close(ls.done)
+	ls.hbCancel()
+	l.forget(ls)
+	l.observer(ls.opts).LeaseEnded(EndEvent{
+		Store: l.store, KeyClass: ls.opts.keyClass, Held: time.Since(ls.start),
+		Lost: true, LostReason: reason,
+	})
+}
+
+// heartbeat renews the lease every heartbeat interval while it is held. A
+// renewal that fails with a store error is retried with jittered backoff
+// until the deadline; the loss timer, not this loop, declares expiry, so a
+// store that hangs cannot delay the loss.
+func (ls *Lease) heartbeat(pushedLoss <-chan struct{}) {
+	defer close(ls.hbDone)
+	l := ls.locker
+	o := ls.opts
+	interval := o.effectiveHeartbeat()
+	next := ls.start.Add(interval)
+	failures := 0
+	for {
+		t := time.NewTimer(time.Until(next))
+		select {
+		case <-ls.hbCtx.Done():
+			t.Stop()
+			return
+		case <-pushedLoss:
+			t.Stop()
+			ls.lose(LostStoreReported, errors.New("the store reported the grant gone"))
+			return
+		case <-t.C:
+		}
+		sent := time.Now()
+		ls.mu.Lock()
+		deadline := ls.deadline
+		ls.mu.Unlock()
+		rctx, cancel := context.WithDeadline(ls.hbCtx, minTime(deadline, sent.Add(o.opTimeout)))
+		err := l.drv.Renew(rctx, ls.key, ls.owner, o.ttl)
+		cancel()
+		if ls.hbCtx.Err() != nil {
+			return // released, closed or lost while renewing
+		}
+		switch {
+		case err == nil:
+			failures = 0
+			ls.mu.Lock()
+			if ls.state != stateHeld {
+				ls.mu.Unlock()
+				return
+			}
+			margin := time.Until(ls.deadline)
+			if margin <= 0 {
+				// Confirmed, but only after the old deadline passed: the
+				// loss timer owns this case and the lease is lost.
+				ls.mu.Unlock()
+				ls.lose(LostExpired, errors.New("renewal confirmed after the validity deadline"))
+				return
+			}
+			ls.deadline = sent.Add(o.ttl - o.effectiveDrift())
+			ls.lossTimer.Reset(time.Until(ls.deadline))
+			ls.mu.Unlock()
+			l.observer(o).Renewed(RenewEvent{Store: l.store, KeyClass: o.keyClass, Margin: margin})
+			next = sent.Add(interval)
+		case errors.Is(err, ErrLeaseLost):
+			l.observer(o).Renewed(RenewEvent{Store: l.store, KeyClass: o.keyClass, Err: err})
+			ls.lose(LostNotOwner, err)
+			return
+		default:
+			l.observer(o).Renewed(RenewEvent{Store: l.store, KeyClass: o.keyClass, Err: err})
+			failures++
+			// Retry soon, but never busy-loop: jittered, at most a quarter
+			// of the interval, at least 1 ms.
+			next = time.Now().Add(time.Millisecond + backoff(o.backoffMin, interval/4, failures))
+		}
+	}
+}
+
+func (l *Locker) forget(ls *Lease) {
+	l.mu.Lock()
+	delete(l.leases, ls)
+	l.mu.Unlock()
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
