@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the store servers the tests start (Debian packages), when missing.
+# The tests start and stop each server themselves on free loopback ports.
+set -euo pipefail
+
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+[ -d /usr/share/zookeeper ] || missing+=(zookeeper)
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "installing test servers: ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# Debian starts the packaged services; the tests use their own instances.
+for svc in redis-server postgresql etcd zookeeper; do
+  $SUDO service "$svc" stop >/dev/null 2>&1 || true
+done
