@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"sync"
 	"time"
 
+	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/driver"
 )
 
@@ -229,4 +231,26 @@ func (f *faultInspector) Inspect(ctx context.Context, key string) (driver.Holder
 }
 func (f *faultInspector) List(ctx context.Context, prefix string) ([]driver.HolderInfo, error) {
 	return f.list(ctx, prefix)
+}
+
+// OpenFaulty opens a Locker on the store named by rawURL, as dlock.Open
+// does, with its driver wrapped in a FaultDriver, and returns both. Examples
+// and tests use it to freeze one client's heartbeats (a GC pause, SIGSTOP) or
+// cut it off from a real store.
+func OpenFaulty(ctx context.Context, rawURL string, opts ...dlock.Option) (*dlock.Locker, *FaultDriver, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("dlocktest: open %q: %w", rawURL, err)
+	}
+	open, err := driver.Lookup(u.Scheme)
+	if err != nil {
+		return nil, nil, err
+	}
+	d, err := open(ctx, u)
+	if err != nil {
+		return nil, nil, fmt.Errorf("dlocktest: open %s: %w", u.Redacted(), err)
+	}
+	fd := NewFaultDriver(d, nil)
+	l := dlock.New(fd, append([]dlock.Option{dlock.WithStoreName(u.Scheme)}, opts...)...)
+	return l, Faults(fd), nil
 }

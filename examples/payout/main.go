@@ -17,7 +17,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -25,27 +24,8 @@ import (
 
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/dlocktest"
-	"github.com/dlock-dev/dlock/driver"
 	_ "github.com/dlock-dev/dlock/drivers/memdriver"
 )
-
-// openWithFaults opens a Locker whose driver can be made to stop renewing.
-func openWithFaults(ctx context.Context, store string) (*dlock.Locker, *dlocktest.FaultDriver, error) {
-	u, err := url.Parse(store)
-	if err != nil {
-		return nil, nil, err
-	}
-	open, err := driver.Lookup(u.Scheme)
-	if err != nil {
-		return nil, nil, err
-	}
-	d, err := open(ctx, u)
-	if err != nil {
-		return nil, nil, err
-	}
-	fd := dlocktest.NewFaultDriver(d, nil)
-	return dlock.New(fd, dlock.WithStoreName(u.Scheme), dlock.WithHolder("paused-holder")), dlocktest.Faults(fd), nil
-}
 
 func main() {
 	store := flag.String("store", "mem://payout-demo", "lock store URL")
@@ -133,7 +113,7 @@ func run(ctx context.Context, store string, workers int, month string, ttl time.
 	fenceKey := "payout-fenced:" + month
 	// A's store connection is wrapped in dlocktest's fault injector so the
 	// demo can freeze its heartbeats, as a long GC pause or SIGSTOP would.
-	a, faults, err := openWithFaults(ctx, store)
+	a, faults, err := dlocktest.OpenFaulty(ctx, store, dlock.WithHolder("paused-holder"))
 	if err != nil {
 		return err
 	}
