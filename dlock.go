@@ -62,7 +62,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -248,6 +250,33 @@ func (l *Locker) List(ctx context.Context, prefix string) ([]HolderInfo, error) 
 	defer cancel()
 	infos, err := in.List(octx, prefix)
 	return infos, l.classify("list", prefix, ctx, err)
+}
+
+// ForceRelease removes key's current grant whoever holds it — an operator's
+// override for a holder known to be dead — and returns what it removed. The
+// next grant still gets a greater fence, so a holder that was in fact alive
+// is fenced out at the resource. reason is required and is logged with the
+// removed grant through log/slog. Errors: ErrNotAcquired when key is free,
+// errors.ErrUnsupported when the store has no override, ErrUnavailable.
+func (l *Locker) ForceRelease(ctx context.Context, key, reason string) (HolderInfo, error) {
+	if err := ValidateKey(key); err != nil {
+		return HolderInfo{}, l.wrap("force-release", key, err)
+	}
+	if strings.TrimSpace(reason) == "" {
+		return HolderInfo{}, l.wrap("force-release", key, errors.New("a reason is required"))
+	}
+	fr, ok := l.drv.(driver.ForceReleaser)
+	if !ok {
+		return HolderInfo{}, l.wrap("force-release", key, errors.ErrUnsupported)
+	}
+	octx, cancel := l.opContext(ctx, l.opts)
+	defer cancel()
+	info, err := fr.ForceRelease(octx, key)
+	if err != nil {
+		return HolderInfo{}, l.classify("force-release", key, ctx, err)
+	}
+	slog.Warn("dlock: grant force-released", "store", l.store, "key", key, "fence", info.Fence, "holder", info.Holder, "reason", reason)
+	return info, nil
 }
 
 // Close ends every lease the Locker still holds (releasing each on the

@@ -172,3 +172,13 @@ type Hinter interface {
 	// released. stop ends the subscription; the caller must call it.
 	Hint(ctx context.Context, key string) (hints <-chan struct{}, stop func(), err error)
 }
+
+// ForceReleaser is implemented by stores that let an operator remove a grant
+// without its owner token (dlock release --force). It is an administrative
+// override for a holder known to be dead; the next grant still gets a
+// greater fence, so a holder that was in fact alive is fenced out.
+type ForceReleaser interface {
+	// ForceRelease removes key's current grant whoever holds it and returns
+	// what it removed, or ErrNotAcquired wrapped when key was free.
+	ForceRelease(ctx context.Context, key string) (HolderInfo, error)
+}

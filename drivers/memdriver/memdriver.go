@@ -9,7 +9,7 @@
 // # Capabilities
 //
 // Waiter (a FIFO queue per key; a release or expiry hands the key to the head
-// waiter at once) and Inspector. It pushes no loss: a grant ends only by
+// waiter at once), Inspector and ForceReleaser. It pushes no loss: a grant ends only by
 // release or expiry, and expiry is the store's own timer.
 //
 // # Guarantees
@@ -112,6 +112,8 @@ var (
 	_ driver.Driver    = (*Driver)(nil)
 	_ driver.Waiter    = (*Driver)(nil)
 	_ driver.Inspector = (*Driver)(nil)
+
+	_ driver.ForceReleaser = (*Driver)(nil)
 )
 
 // New returns a driver on s.
@@ -244,6 +246,22 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, er
 		return driver.HolderInfo{}, fmt.Errorf("memdriver: %q is free: %w", key, driver.ErrNotAcquired)
 	}
 	return e.info(key), nil
+}
+
+// ForceRelease removes key's grant whoever holds it and hands the key to the
+// head waiter; driver.ErrNotAcquired wrapped when key is free.
+func (d *Driver) ForceRelease(ctx context.Context, key string) (driver.HolderInfo, error) {
+	if err := d.lock(ctx); err != nil {
+		return driver.HolderInfo{}, err
+	}
+	defer d.s.mu.Unlock()
+	e := d.s.live(key)
+	if e == nil {
+		return driver.HolderInfo{}, fmt.Errorf("memdriver: %q is free: %w", key, driver.ErrNotAcquired)
+	}
+	info := e.info(key)
+	d.s.free(key)
+	return info, nil
 }
 
 // List returns the held keys starting with prefix, sorted.
