@@ -1,0 +1,522 @@
+// Package redisdriver is the dlock driver for a single Redis deployment: one
+// node (optionally with replicas), a Redis Cluster, or a client-side Ring,
+// through github.com/redis/go-redis/v9. Import it for its side effect to open
+// a store by URL:
+//
+//	import _ "github.com/dlock-dev/dlock/drivers/redisdriver"
+//
+//	locker, err := dlock.Open(ctx, "redis://:password@127.0.0.1:6379/0")
+//
+// or construct it over a client you already have (the driver never closes a
+// client it did not create):
+//
+//	locker := dlock.New(redisdriver.New(rdb, &redisdriver.Options{Prefix: "myapp:locks"}))
+//
+// # How it works
+//
+// Each operation is one Lua script, so it is atomic on the server:
+//
+//   - TryAcquire creates the lock hash only if it does not exist, with the
+//     owner token, holder description and TTL, expiring after the TTL (the
+//     SET NX PX pattern); only when it created the hash does it INCR the
+//     key's fence counter and store the new value as the grant's fence. A
+//     repeated attempt by the same owner token returns the same grant.
+//   - Renew resets the expiry (PEXPIRE) only while the hash still holds the
+//     caller's owner token; otherwise it returns driver.ErrLeaseLost.
+//   - Release deletes the hash only while it holds the caller's owner token
+//     (never a bare DEL), then PUBLISHes a release hint; otherwise it
+//     returns driver.ErrLeaseLost and changes nothing.
+//
+// A lock name K under the prefix P lives in the keys "P:{K}:lock" (the hash)
+// and "P:{K}:fence" (the counter), with '%', '{' and '}' percent-escaped in
+// K and P. The hash tag {K} puts both keys in one Cluster slot, so the
+// scripts work on Redis Cluster, and any lock name (slashes, spaces, colons,
+// braces, emoji, up to 512 bytes) maps to its own keys. The fence counter
+// has no expiry: it costs one small key per lock name ever used, and it is
+// what keeps fences increasing after a lock expires.
+//
+// # Capabilities
+//
+// The driver implements driver.Inspector (Inspect and List; Waiters is
+// always -1 because Redis keeps no queue) and driver.Hinter: a waiter
+// subscribes to the key's release channel "P:{K}:released" and retries as
+// soon as a hint arrives instead of sleeping out its backoff. Hints are
+// only hints: Redis pub/sub is fire-and-forget, expiries publish nothing,
+// and a missed hint costs latency, never safety. It is not a driver.Waiter:
+// waiting is the root package's full-jitter backoff polling. It never sets
+// driver.Grant.Lost; loss is detected by renewal and the validity deadline.
+//
+// # What Redis cannot promise
+//
+// Redis gives a lock that is correct only while the one Redis primary that
+// holds it keeps its data; the cases below break mutual exclusion or fence
+// monotonicity, and no client-side code can repair them.
+//
+//   - Replication is asynchronous. A grant acknowledged by the primary may
+//     not have reached a replica when the primary fails; the promoted
+//     replica does not know the grant (a second client is granted the same
+//     key while the first still works) and may not know the latest INCR of
+//     the fence counter (the next fence repeats an earlier one). WAIT does
+//     not make this safe. Use dlockd, etcd or ZooKeeper where a failover
+//     must never grant twice.
+//   - Fence counters are only as durable as the primary's persistence. With
+//     no persistence (no AOF, no RDB) a restart forgets every counter and
+//     fences start again at 1. With appendonly yes and appendfsync everysec
+//     (the usual setting), a crash of the machine or a kill -9 can lose up to
+//     one second of writes: the grants and INCRs of that second are
+//     forgotten, so a fence may repeat. RDB snapshots alone lose everything
+//     since the last snapshot. Only appendfsync always makes fences durable
+//     on a single node (and slower). A clean shutdown (SHUTDOWN, SIGTERM)
+//     writes everything.
+//   - Redis expires keys by its own clock. The root package never compares
+//     clocks across machines (validity runs on the client's monotonic
+//     clock, minus a drift margin), but a Redis server whose clock jumps
+//     forward (a manual change, a bad NTP step) expires grants early, while
+//     their holders still believe they are valid. Run Redis with a clock
+//     that is slewed, not stepped.
+//   - Evictions: under maxmemory with an allkeys-* eviction policy, Redis may
+//     evict a lock hash (a second grant) or a fence counter (repeated
+//     fences). Use noeviction or a volatile-* policy (counters have no TTL).
+//
+// Redlock (N independent masters and a majority, redlock://) is a separate
+// driver with its own, different, assumptions.
+//
+// # Timeouts
+//
+// Every call is bounded by its context. Clients opened by URL enable
+// go-redis's ContextTimeoutEnabled and disable its command and dial retries
+// (the root package decides what to retry). A client passed to New should set
+// ContextTimeoutEnabled too; otherwise its ReadTimeout and WriteTimeout
+// bound each call instead of the context's deadline.
+package redisdriver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dlock-dev/dlock/driver"
+)
+
+// DefaultPrefix is the key prefix when Options.Prefix is empty.
+const DefaultPrefix = "dlock"
+
+func init() {
+	open := func(ctx context.Context, u *url.URL) (driver.Driver, error) {
+		return OpenURL(ctx, u)
+	}
+	driver.Register("redis", open)
+	driver.Register("rediss", open)
+}
+
+// Client is the part of a go-redis client that the driver needs: running
+// Lua scripts. *redis.Client, *redis.ClusterClient and *redis.Ring all
+// implement it. Optional capabilities are found by type assertion: release
+// hints need a Subscribe method, and List needs Scan (or ForEachMaster on a
+// cluster, ForEachShard on a ring); without them Hint and List return an
+// error matching errors.ErrUnsupported.
+type Client = redis.Scripter
+
+// Options configures a Driver. A nil *Options is the same as the zero value.
+type Options struct {
+	// Prefix namespaces every Redis key and channel the driver uses, so lock
+	// names never collide with an application's own keys, nor with other
+	// dlock users sharing the database: a lock named K uses "Prefix:{K}:lock"
+	// and "Prefix:{K}:fence". Drivers that share locks must use the same
+	// prefix. Zero value: DefaultPrefix ("dlock").
+	Prefix string
+
+	// ReleaseHints makes Release publish a hint on the key's channel and
+	// makes the driver a working driver.Hinter, so waiters retry as soon as
+	// the key is released. It needs PUBLISH and SUBSCRIBE rights and one
+	// extra connection per driver while someone waits and for 30 s after
+	// (on a Ring, one per waited-on key, closed when its wait ends). Zero
+	// value: false, no hints (waiters poll with backoff only).
+	// OpenURL turns it on unless the URL says hints=false.
+	ReleaseHints bool
+}
+
+// Driver is a dlock driver over one Redis deployment. It is safe for
+// concurrent use.
+type Driver struct {
+	client Client
+	ns     string // escaped prefix
+	hints  bool
+	hub    *hub         // nil when hints are off or the client cannot subscribe
+	closer func() error // closes an owned client; nil otherwise
+	closed atomic.Bool
+}
+
+var (
+	_ driver.Driver    = (*Driver)(nil)
+	_ driver.Inspector = (*Driver)(nil)
+	_ driver.Hinter    = (*Driver)(nil)
+)
+
+// New returns a driver over client, which it uses but never closes. opts may
+// be nil. It does not contact Redis.
+func New(client Client, opts *Options) *Driver {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.Prefix == "" {
+		o.Prefix = DefaultPrefix
+	}
+	d := &Driver{client: client, ns: escape(o.Prefix), hints: o.ReleaseHints}
+	if sub, ok := client.(subscriber); ok && o.ReleaseHints {
+		_, ring := client.(*redis.Ring)
+		d.hub = newHub(sub, ring)
+	}
+	return d
+}
+
+// Open opens a driver on the Redis server named by rawURL, as OpenURL does.
+func Open(ctx context.Context, rawURL string) (*Driver, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("redisdriver: parse URL: %w", err)
+	}
+	return OpenURL(ctx, u)
+}
+
+// OpenURL opens a driver on the Redis server named by u and PINGs it, so an
+// unreachable server fails at once (the error matches
+// driver.ErrUnavailable). The driver owns its client: Close closes it.
+//
+// The URL is redis://[user:password@]host:port[/db] or rediss://… for TLS,
+// with go-redis's query options (dial_timeout, pool_size, …; see
+// redis.ParseURL) and two of the driver's: prefix=P sets Options.Prefix and
+// hints=false turns Options.ReleaseHints off (it is on by default here).
+// Command retries are off unless max_retries is given, a failed dial is not
+// retried within a call, and the context's deadline bounds every call.
+func OpenURL(ctx context.Context, u *url.URL) (*Driver, error) {
+	opts := Options{ReleaseHints: true}
+	cu := *u
+	q := cu.Query()
+	if q.Has("prefix") {
+		opts.Prefix = q.Get("prefix")
+		q.Del("prefix")
+	}
+	if q.Has("hints") {
+		on, err := strconv.ParseBool(q.Get("hints"))
+		if err != nil {
+			return nil, fmt.Errorf("redisdriver: URL option hints=%q: %w", q.Get("hints"), err)
+		}
+		opts.ReleaseHints = on
+		q.Del("hints")
+	}
+	cu.RawQuery = q.Encode()
+	ro, err := redis.ParseURL(cu.String())
+	if err != nil {
+		return nil, fmt.Errorf("redisdriver: %w", err)
+	}
+	// One attempt per call, dial included: the root package decides what to
+	// retry, with its own backoff.
+	if ro.MaxRetries == 0 {
+		ro.MaxRetries = -1
+	}
+	ro.DialerRetries = 1
+	ro.ContextTimeoutEnabled = true
+	client := redis.NewClient(ro)
+	if err := client.Ping(ctx).Err(); err != nil {
+		_ = client.Close()
+		return nil, fmt.Errorf("redisdriver: ping %s: %w: %w", ro.Addr, driver.ErrUnavailable, err)
+	}
+	d := New(client, &opts)
+	d.closer = client.Close
+	return d, nil
+}
+
+// The scripts. KEYS[1] is the lock hash and KEYS[2] (acquire only) the fence
+// counter; both carry the same hash tag.
+var (
+	// ARGV: owner, ttl in ms, holder. Returns the fence, or 0 when held.
+	acquireScript = redis.NewScript(`
+local cur = redis.call('HGET', KEYS[1], 'owner')
+if cur then
+  if cur == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    redis.call('HSET', KEYS[1], 'ttl', ARGV[2])
+    return tonumber(redis.call('HGET', KEYS[1], 'fence'))
+  end
+  return 0
+end
+local fence = redis.call('INCR', KEYS[2])
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', fence, 'holder', ARGV[3], 'ttl', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return fence
+`)
+	// ARGV: owner, ttl in ms. Returns 1, or 0 when not the owner.
+	renewScript = redis.NewScript(`
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('HSET', KEYS[1], 'ttl', ARGV[2])
+  return 1
+end
+return 0
+`)
+	// ARGV: owner, hint channel or "". Returns 1, or 0 when not the owner.
+	releaseScript = redis.NewScript(`
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  if ARGV[2] ~= '' then
+    redis.call('PUBLISH', ARGV[2], 'released')
+  end
+  return 1
+end
+return 0
+`)
+	// Returns nil when free, else {fence, holder, ttl ms, pttl ms}.
+	inspectScript = redis.NewScript(`
+local v = redis.call('HMGET', KEYS[1], 'owner', 'fence', 'holder', 'ttl')
+if not v[1] then
+  return false
+end
+return {v[2] or '0', v[3] or '', v[4] or '0', redis.call('PTTL', KEYS[1])}
+`)
+)
+
+// TryAcquire makes one acquisition attempt. It returns the grant with a
+// fence greater than every fence issued earlier for req.Key (subject to the
+// package's durability caveats), driver.ErrNotAcquired when another owner
+// holds the key, or the store's error wrapped.
+func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	if err := d.checkOpen(); err != nil {
+		return driver.Grant{}, err
+	}
+	lock, fence, _ := d.keys(req.Key)
+	n, err := acquireScript.Run(ctx, d.client, []string{lock, fence},
+		req.Owner, req.TTL.Milliseconds(), req.Holder).Int64()
+	if err != nil {
+		return driver.Grant{}, storeErr(ctx, "acquire", err)
+	}
+	if n <= 0 {
+		return driver.Grant{}, driver.ErrNotAcquired
+	}
+	return driver.Grant{Fence: uint64(n)}, nil
+}
+
+// Renew resets the expiry of owner's grant on key to ttl (rounded down to
+// milliseconds), measured by Redis. It returns driver.ErrLeaseLost when
+// owner no longer holds key, or the store's error wrapped.
+func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration) error {
+	if err := d.checkOpen(); err != nil {
+		return err
+	}
+	lock, _, _ := d.keys(key)
+	n, err := renewScript.Run(ctx, d.client, []string{lock}, owner, ttl.Milliseconds()).Int64()
+	if err != nil {
+		return storeErr(ctx, "renew", err)
+	}
+	if n != 1 {
+		return driver.ErrLeaseLost
+	}
+	return nil
+}
+
+// Release deletes owner's grant on key, atomically and only if owner still
+// holds it, and publishes a release hint when Options.ReleaseHints is set.
+// It returns driver.ErrLeaseLost, having changed nothing, when owner does
+// not hold key, or the store's error wrapped.
+func (d *Driver) Release(ctx context.Context, key, owner string) error {
+	if err := d.checkOpen(); err != nil {
+		return err
+	}
+	lock, _, channel := d.keys(key)
+	if !d.hints {
+		channel = ""
+	}
+	n, err := releaseScript.Run(ctx, d.client, []string{lock}, owner, channel).Int64()
+	if err != nil {
+		return storeErr(ctx, "release", err)
+	}
+	if n != 1 {
+		return driver.ErrLeaseLost
+	}
+	return nil
+}
+
+// Hint subscribes to release hints for key (see driver.Hinter). It waits,
+// at most 500 ms and never past ctx, until Redis confirms the subscription,
+// so a release published after Hint returns is normally seen. The caller
+// must call stop. It returns an error matching errors.ErrUnsupported when
+// Options.ReleaseHints is off or the client cannot subscribe, and
+// driver.ErrClosed after Close.
+func (d *Driver) Hint(ctx context.Context, key string) (<-chan struct{}, func(), error) {
+	if err := d.checkOpen(); err != nil {
+		return nil, nil, err
+	}
+	if d.hub == nil {
+		return nil, nil, fmt.Errorf("redisdriver: release hints are off or the client cannot subscribe: %w", errors.ErrUnsupported)
+	}
+	_, _, channel := d.keys(key)
+	return d.hub.subscribe(ctx, channel)
+}
+
+// Inspect returns the current grant of key: its fence, holder description,
+// TTL and the time Redis says is left (PTTL, in milliseconds). Waiters is -1:
+// Redis keeps no queue. It returns an error matching driver.ErrNotAcquired
+// when the key is free, or the store's error wrapped.
+func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, error) {
+	if err := d.checkOpen(); err != nil {
+		return driver.HolderInfo{}, err
+	}
+	return d.inspect(ctx, d.client, key)
+}
+
+func (d *Driver) inspect(ctx context.Context, c Client, key string) (driver.HolderInfo, error) {
+	lock, _, _ := d.keys(key)
+	res, err := inspectScript.Run(ctx, c, []string{lock}).Slice()
+	if errors.Is(err, redis.Nil) {
+		return driver.HolderInfo{}, fmt.Errorf("redisdriver: inspect: %w", driver.ErrNotAcquired)
+	}
+	if err != nil {
+		return driver.HolderInfo{}, storeErr(ctx, "inspect", err)
+	}
+	if len(res) != 4 {
+		return driver.HolderInfo{}, fmt.Errorf("redisdriver: inspect: unexpected reply %v", res)
+	}
+	info := driver.HolderInfo{Key: key, Waiters: -1}
+	info.Fence, _ = strconv.ParseUint(fmt.Sprint(res[0]), 10, 64)
+	info.Holder = fmt.Sprint(res[1])
+	if ms, err := strconv.ParseInt(fmt.Sprint(res[2]), 10, 64); err == nil {
+		info.TTL = time.Duration(ms) * time.Millisecond
+	}
+	if ms, ok := res[3].(int64); ok && ms > 0 {
+		info.Remaining = time.Duration(ms) * time.Millisecond
+	}
+	return info, nil
+}
+
+// scanner is the SCAN command of a single-node client.
+type scanner interface {
+	Scan(ctx context.Context, cursor uint64, match string, count int64) *redis.ScanCmd
+}
+
+// List returns the held keys that start with prefix (a plain string, not a
+// pattern), sorted by key, found by SCAN over the driver's namespace (every
+// master of a cluster, every shard of a ring). Like SCAN, it sees a moving
+// keyspace: a lock granted or released during the call may or may not be
+// listed. It returns an error matching errors.ErrUnsupported when the client
+// cannot scan, or the store's error wrapped.
+func (d *Driver) List(ctx context.Context, prefix string) ([]driver.HolderInfo, error) {
+	if err := d.checkOpen(); err != nil {
+		return nil, err
+	}
+	var (
+		mu    sync.Mutex
+		infos = map[string]driver.HolderInfo{}
+	)
+	scanOne := func(ctx context.Context, c *redis.Client) error {
+		return d.scan(ctx, c, c, prefix, func(info driver.HolderInfo) {
+			mu.Lock()
+			infos[info.Key] = info
+			mu.Unlock()
+		})
+	}
+	var err error
+	switch c := d.client.(type) {
+	case interface {
+		ForEachMaster(context.Context, func(context.Context, *redis.Client) error) error
+	}:
+		err = c.ForEachMaster(ctx, scanOne)
+	case interface {
+		ForEachShard(context.Context, func(context.Context, *redis.Client) error) error
+	}:
+		err = c.ForEachShard(ctx, scanOne)
+	case scanner:
+		err = d.scan(ctx, c, d.client, prefix, func(info driver.HolderInfo) { infos[info.Key] = info })
+	default:
+		return nil, fmt.Errorf("redisdriver: list: the client cannot SCAN: %w", errors.ErrUnsupported)
+	}
+	if err != nil {
+		return nil, storeErr(ctx, "list", err)
+	}
+	out := make([]driver.HolderInfo, 0, len(infos))
+	for _, info := range infos {
+		out = append(out, info)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, nil
+}
+
+// scan lists the lock hashes of one node with s, inspecting each with c.
+func (d *Driver) scan(ctx context.Context, s scanner, c Client, prefix string, add func(driver.HolderInfo)) error {
+	pattern := d.lockPattern(prefix)
+	var cursor uint64
+	for {
+		keys, next, err := s.Scan(ctx, cursor, pattern, 1000).Result()
+		if err != nil {
+			return err
+		}
+		for _, rk := range keys {
+			key, ok := d.keyOfLock(rk)
+			if !ok || !strings.HasPrefix(key, prefix) {
+				continue
+			}
+			info, err := d.inspect(ctx, c, key)
+			if errors.Is(err, driver.ErrNotAcquired) {
+				continue // released or expired since SCAN saw it
+			}
+			if err != nil {
+				return err
+			}
+			add(info)
+		}
+		if next == 0 {
+			return nil
+		}
+		cursor = next
+	}
+}
+
+// Close ends the driver's hint subscriptions and, when the driver was opened
+// by URL, closes its client. It does not release grants: Redis expires
+// them. Calls after Close return driver.ErrClosed; closing twice returns
+// nil.
+func (d *Driver) Close() error {
+	if d.closed.Swap(true) {
+		return nil
+	}
+	if d.hub != nil {
+		d.hub.close()
+	}
+	if d.closer != nil {
+		return d.closer()
+	}
+	return nil
+}
+
+// storeErr wraps a store error of op. When ctx has ended, or its deadline
+// has passed (the socket deadline that go-redis derives from it can fire
+// before the context's own timer), the error also matches the context's
+// error, so callers see why the call stopped.
+func storeErr(ctx context.Context, op string, err error) error {
+	cerr := ctx.Err()
+	if cerr == nil {
+		if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+			cerr = context.DeadlineExceeded
+		}
+	}
+	if cerr != nil && !errors.Is(err, cerr) {
+		return fmt.Errorf("redisdriver: %s: %w (%w)", op, cerr, err)
+	}
+	return fmt.Errorf("redisdriver: %s: %w", op, err)
+}
+
+func (d *Driver) checkOpen() error {
+	if d.closed.Load() {
+		return fmt.Errorf("redisdriver: %w", driver.ErrClosed)
+	}
+	return nil
+}

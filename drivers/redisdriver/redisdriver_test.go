@@ -1,0 +1,32 @@
+package redisdriver
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/dlock-dev/dlock/dlocktest"
+	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/internal/testservers"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// TestConformance runs the dlock conformance suite against a real
+// redis-server (AOF, appendfsync everysec), opened by URL as a user would.
+func TestConformance(t *testing.T) {
+	r := testservers.StartRedis(t)
+	dlocktest.Run(t, dlocktest.Harness{
+		Name: "redis",
+		NewDriver: func(ctx context.Context) (driver.Driver, error) {
+			return Open(ctx, r.URL())
+		},
+		StopStore:  r.Stop,
+		StartStore: r.Start,
+		TTL:        time.Second,
+	})
+}
