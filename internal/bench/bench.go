@@ -1,0 +1,346 @@
+// Package bench runs dlock's side-by-side store benchmarks (dlock bench):
+// the same bounded workloads against any list of store URLs, through the
+// public dlock API, so that every figure includes the client's own work.
+//
+//	W1  uncontended: N clients, each on its own key, Acquire+Release in a loop
+//	W2  contended:   N clients on one key; handoffs/s, the gap from a release
+//	    to the next grant, and the longest wait
+//	W3  many held:   K keys held at once; time to acquire them all and the
+//	    store server's resident memory (when its PID is given)
+//
+// Every client opens its own Locker (its own connection), as separate
+// processes would. Every loop is bounded by a duration and every run by a
+// count.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+)
+
+// Config is one benchmark run.
+type Config struct {
+	Stores           []string       // store URLs
+	Clients          []int          // W1 client counts (default 1, 8, 64)
+	ContendedClients []int          // W2 client counts (default 8, 64)
+	Duration         time.Duration  // length of each W1/W2 cell (default 3 s)
+	HoldKeys         int            // W3 keys held at once (default 100,000; 0 skips W3 only if SkipHold)
+	SkipHold         bool           // skip W3
+	ServerPIDs       map[string]int // store URL → server PID, for W3 memory
+	Progress         func(format string, args ...any)
+}
+
+func (c *Config) defaults() {
+	if len(c.Clients) == 0 {
+		c.Clients = []int{1, 8, 64}
+	}
+	if len(c.ContendedClients) == 0 {
+		c.ContendedClients = []int{8, 64}
+	}
+	if c.Duration <= 0 {
+		c.Duration = 3 * time.Second
+	}
+	if c.HoldKeys <= 0 {
+		c.HoldKeys = 100_000
+	}
+	if c.Progress == nil {
+		c.Progress = func(string, ...any) {}
+	}
+}
+
+// Uncontended is one W1 cell.
+type Uncontended struct {
+	Store        string  `json:"store"`
+	Clients      int     `json:"clients"`
+	CyclesPerSec float64 `json:"cycles_per_sec"`
+	AcquireP50Us float64 `json:"acquire_p50_us"`
+	AcquireP99Us float64 `json:"acquire_p99_us"`
+	Errors       int64   `json:"errors"`
+}
+
+// Contended is one W2 cell.
+type Contended struct {
+	Store          string  `json:"store"`
+	Clients        int     `json:"clients"`
+	HandoffsPerSec float64 `json:"handoffs_per_sec"`
+	GapP50Us       float64 `json:"gap_p50_us"`
+	GapP99Us       float64 `json:"gap_p99_us"`
+	LongestWaitMs  float64 `json:"longest_wait_ms"`
+	Errors         int64   `json:"errors"`
+}
+
+// Held is one W3 row.
+type Held struct {
+	Store          string  `json:"store"`
+	Keys           int     `json:"keys"`
+	AcquireSeconds float64 `json:"acquire_seconds"`
+	ServerRSSMiB   float64 `json:"server_rss_mib,omitempty"` // 0: PID unknown
+	RSSBeforeMiB   float64 `json:"server_rss_before_mib,omitempty"`
+	Errors         int64   `json:"errors"`
+}
+
+// Report is the whole run.
+type Report struct {
+	Uncontended []Uncontended `json:"uncontended"`
+	Contended   []Contended   `json:"contended"`
+	Held        []Held        `json:"held"`
+}
+
+// Run runs every workload against every store, one after the other.
+func Run(ctx context.Context, cfg Config) (Report, error) {
+	cfg.defaults()
+	var rep Report
+	for _, store := range cfg.Stores {
+		for _, n := range cfg.Clients {
+			cfg.Progress("W1 %s, %d clients", store, n)
+			r, err := uncontended(ctx, store, n, cfg.Duration)
+			if err != nil {
+				return rep, err
+			}
+			rep.Uncontended = append(rep.Uncontended, r)
+		}
+		for _, n := range cfg.ContendedClients {
+			cfg.Progress("W2 %s, %d clients on one key", store, n)
+			r, err := contended(ctx, store, n, cfg.Duration)
+			if err != nil {
+				return rep, err
+			}
+			rep.Contended = append(rep.Contended, r)
+		}
+		if !cfg.SkipHold {
+			cfg.Progress("W3 %s, %d keys held", store, cfg.HoldKeys)
+			r, err := held(ctx, store, cfg.HoldKeys, cfg.ServerPIDs[store])
+			if err != nil {
+				return rep, err
+			}
+			rep.Held = append(rep.Held, r)
+		}
+	}
+	return rep, nil
+}
+
+// runID keeps keys of one run apart from earlier runs on the same store.
+var runID = strconv.FormatInt(time.Now().UnixNano(), 36)
+
+func openLockers(ctx context.Context, store string, n int) ([]*dlock.Locker, func(), error) {
+	lockers := make([]*dlock.Locker, 0, n)
+	closeAll := func() {
+		for _, l := range lockers {
+			_ = l.Close()
+		}
+	}
+	for range n {
+		l, err := dlock.Open(ctx, store, dlock.WithTTL(30*time.Second), dlock.WithKeyClass("bench"),
+			dlock.WithBackoff(time.Millisecond, 50*time.Millisecond))
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		lockers = append(lockers, l)
+	}
+	return lockers, closeAll, nil
+}
+
+func uncontended(ctx context.Context, store string, n int, d time.Duration) (Uncontended, error) {
+	lockers, closeAll, err := openLockers(ctx, store, n)
+	if err != nil {
+		return Uncontended{}, err
+	}
+	defer closeAll()
+	var errs, cycles atomic.Int64
+	lat := make([][]time.Duration, n)
+	start := time.Now()
+	end := start.Add(d)
+	var wg sync.WaitGroup
+	for i, l := range lockers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := fmt.Sprintf("bench:w1:%s:%d:%d", runID, n, i)
+			for time.Now().Before(end) && ctx.Err() == nil {
+				t0 := time.Now()
+				ls, err := l.Acquire(ctx, key)
+				if err != nil {
+					errs.Add(1)
+					continue
+				}
+				lat[i] = append(lat[i], time.Since(t0))
+				if err := ls.Release(ctx); err != nil {
+					errs.Add(1)
+					continue
+				}
+				cycles.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	all := slices.Concat(lat...)
+	return Uncontended{
+		Store: store, Clients: n, CyclesPerSec: float64(cycles.Load()) / elapsed.Seconds(),
+		AcquireP50Us: pctUs(all, 0.50), AcquireP99Us: pctUs(all, 0.99), Errors: errs.Load(),
+	}, ctx.Err()
+}
+
+func contended(ctx context.Context, store string, n int, d time.Duration) (Contended, error) {
+	lockers, closeAll, err := openLockers(ctx, store, n)
+	if err != nil {
+		return Contended{}, err
+	}
+	defer closeAll()
+	key := fmt.Sprintf("bench:w2:%s:%d", runID, n)
+	var (
+		mu          sync.Mutex
+		lastRelease time.Time
+		gaps        []time.Duration
+		longest     time.Duration
+		handoffs    int
+		errs        atomic.Int64
+	)
+	start := time.Now()
+	end := start.Add(d)
+	// The loops stop at end; waiters still queued then are cut off by stop.
+	stopCtx, stop := context.WithDeadline(ctx, end.Add(2*time.Second))
+	defer stop()
+	var wg sync.WaitGroup
+	for _, l := range lockers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(end) {
+				t0 := time.Now()
+				ls, err := l.Acquire(stopCtx, key)
+				granted := time.Now()
+				if err != nil {
+					if stopCtx.Err() == nil {
+						errs.Add(1)
+					}
+					return
+				}
+				mu.Lock()
+				if !lastRelease.IsZero() {
+					gaps = append(gaps, granted.Sub(lastRelease))
+				}
+				if w := granted.Sub(t0); w > longest {
+					longest = w
+				}
+				handoffs++
+				lastRelease = time.Now()
+				mu.Unlock()
+				if err := ls.Release(ctx); err != nil {
+					errs.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	return Contended{
+		Store: store, Clients: n, HandoffsPerSec: float64(handoffs) / elapsed.Seconds(),
+		GapP50Us: pctUs(gaps, 0.50), GapP99Us: pctUs(gaps, 0.99),
+		LongestWaitMs: float64(longest.Microseconds()) / 1000, Errors: errs.Load(),
+	}, ctx.Err()
+}
+
+func held(ctx context.Context, store string, keys, pid int) (Held, error) {
+	const workers = 64
+	lockers, closeAll, err := openLockers(ctx, store, workers)
+	if err != nil {
+		return Held{}, err
+	}
+	defer closeAll()
+	r := Held{Store: store, Keys: keys}
+	if pid > 0 {
+		r.RSSBeforeMiB = rssMiB(pid)
+	}
+	leases := make([][]*dlock.Lease, workers)
+	var errs atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w, l := range lockers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < keys; i += workers {
+				// A long TTL keeps heartbeats rare while the keys are held.
+				ls, err := l.TryAcquire(ctx, fmt.Sprintf("bench:w3:%s:%d", runID, i), dlock.WithTTL(10*time.Minute))
+				if err != nil {
+					errs.Add(1)
+					continue
+				}
+				leases[w] = append(leases[w], ls)
+			}
+		}()
+	}
+	wg.Wait()
+	r.AcquireSeconds = time.Since(start).Seconds()
+	r.Errors = errs.Load()
+	if pid > 0 {
+		r.ServerRSSMiB = rssMiB(pid)
+	}
+	for w := range leases {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, ls := range leases[w] {
+				_ = ls.Release(ctx)
+			}
+		}()
+	}
+	wg.Wait()
+	return r, ctx.Err()
+}
+
+// rssMiB reads a process's resident set size from /proc (Linux), 0 when it
+// cannot.
+func rssMiB(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64)
+			if err == nil {
+				return kb / 1024
+			}
+		}
+	}
+	return 0
+}
+
+func pctUs(d []time.Duration, p float64) float64 {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return float64(s[int(float64(len(s)-1)*p)].Nanoseconds()) / 1000
+}
+
+// ParsePIDs parses "URL=PID" pairs.
+func ParsePIDs(pairs []string) (map[string]int, error) {
+	out := map[string]int{}
+	for _, p := range pairs {
+		i := strings.LastIndexByte(p, '=')
+		if i < 0 {
+			return nil, fmt.Errorf("bench: --pid %q: want URL=PID", p)
+		}
+		pid, err := strconv.Atoi(p[i+1:])
+		if err != nil || pid <= 0 {
+			return nil, errors.Join(fmt.Errorf("bench: --pid %q: bad PID", p), err)
+		}
+		out[p[:i]] = pid
+	}
+	return out, nil
+}

@@ -1,0 +1,60 @@
+package bench
+
+import (
+	"bytes"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	_ "github.com/dlock-dev/dlock/drivers/memdriver"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestRun_EveryWorkloadReportsFigures(t *testing.T) {
+	cfg := Config{
+		Stores: []string{"mem://bench-test"}, Clients: []int{1, 4}, ContendedClients: []int{4},
+		Duration: 200 * time.Millisecond, HoldKeys: 2000,
+		ServerPIDs: map[string]int{"mem://bench-test": os.Getpid()}, // the mem store lives in this process
+	}
+	rep, err := Run(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Uncontended) != 2 || len(rep.Contended) != 1 || len(rep.Held) != 1 {
+		t.Fatalf("report shape %+v", rep)
+	}
+	for _, c := range rep.Uncontended {
+		if c.CyclesPerSec <= 0 || c.AcquireP50Us <= 0 || c.AcquireP99Us < c.AcquireP50Us || c.Errors != 0 {
+			t.Errorf("W1 %+v", c)
+		}
+	}
+	if c := rep.Contended[0]; c.HandoffsPerSec <= 0 || c.GapP99Us < c.GapP50Us || c.LongestWaitMs <= 0 || c.Errors != 0 {
+		t.Errorf("W2 %+v", c)
+	}
+	if h := rep.Held[0]; h.Keys != 2000 || h.Errors != 0 || h.ServerRSSMiB <= 0 || h.AcquireSeconds <= 0 {
+		t.Errorf("W3 %+v", h)
+	}
+	var buf bytes.Buffer
+	rep.Markdown(&buf)
+	for _, want := range []string{"### W1", "### W2", "### W3", "| mem://bench-test | 4 |"} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("markdown lacks %q:\n%s", want, buf.String())
+		}
+	}
+}
+
+func TestParsePIDs(t *testing.T) {
+	m, err := ParsePIDs([]string{"redis://127.0.0.1:6379=42", "dlockd://h:1=7"})
+	if err != nil || m["redis://127.0.0.1:6379"] != 42 || m["dlockd://h:1"] != 7 {
+		t.Fatalf("%v %v", m, err)
+	}
+	for _, bad := range []string{"nopid", "x=abc", "x=-1"} {
+		if _, err := ParsePIDs([]string{bad}); err == nil {
+			t.Errorf("ParsePIDs(%q) accepted", bad)
+		}
+	}
+}

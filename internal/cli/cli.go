@@ -1,0 +1,148 @@
+// Package cli implements the dlock command line tool: dlock run (a command
+// under a lease), status, list, release --force, fence check and bench. The
+// command in cmd/dlock is a thin main over Main.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dlock-dev/dlock"
+	_ "github.com/dlock-dev/dlock/drivers/memdriver"   // mem://
+	_ "github.com/dlock-dev/dlock/drivers/redisdriver" // redis://
+)
+
+// Exit codes of dlock run and the other commands, from sysexits.h.
+const (
+	ExitOK          = 0
+	ExitUsage       = 64 // EX_USAGE: bad flags or arguments
+	ExitUnavailable = 69 // EX_UNAVAILABLE: the store could not be reached; the command was not run
+	ExitLost        = 70 // EX_SOFTWARE: the lease was lost while the command ran; it was terminated
+	ExitHeld        = 75 // EX_TEMPFAIL: the key is held (or --wait-timeout passed); the command was not run
+	ExitNotFound    = 127
+	ExitCannotRun   = 126
+)
+
+// DefaultStore is the store URL used when neither --store nor DLOCK_STORE
+// is set: the local dlockd.
+const DefaultStore = "dlockd://127.0.0.1:7450"
+
+// exitError carries an exit code through cobra.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
+func (e *exitError) Unwrap() error { return e.err }
+
+func exit(code int, format string, args ...any) error {
+	return &exitError{code: code, err: fmt.Errorf(format, args...)}
+}
+
+type globals struct {
+	store  string
+	output string
+	stdout io.Writer
+	stderr io.Writer
+	stdin  io.Reader
+}
+
+func (g *globals) json() bool { return g.output == "json" }
+
+func (g *globals) printJSON(v any) { _ = jsonTo(g.stdout).Encode(v) }
+
+func jsonTo(w io.Writer) *json.Encoder {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc
+}
+
+// open opens the store, mapping failures to exit 69.
+func (g *globals) open(ctx context.Context, opts ...dlock.Option) (*dlock.Locker, error) {
+	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	l, err := dlock.Open(octx, g.store, opts...)
+	if err != nil {
+		return nil, exit(ExitUnavailable, "%w", err)
+	}
+	return l, nil
+}
+
+// Main runs the dlock tool with args (without the program name) and returns
+// the process exit code.
+func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	g := &globals{stdout: stdout, stderr: stderr, stdin: stdin}
+	root := newRoot(g)
+	root.SetArgs(args)
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return ExitOK
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		if ee.err != nil {
+			printErr(stderr, ee.err)
+		}
+		return ee.code
+	}
+	printErr(stderr, err)
+	return ExitUsage
+}
+
+func printErr(w io.Writer, err error) {
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "dlock: ") {
+		msg = "dlock: " + msg
+	}
+	fmt.Fprintln(w, msg)
+}
+
+func newRoot(g *globals) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "dlock",
+		Short: "Distributed locks with leases and fencing tokens",
+		Long: `dlock runs commands under a distributed lease and inspects lock stores.
+
+The store is a URL: --store, or the DLOCK_STORE environment variable, or
+` + DefaultStore + ` (a local dlockd). Schemes: mem, redis, and any other
+driver compiled in.`,
+		Example: `  dlock run payout:2026-09 -- ./payout --month 2026-09
+  dlock run --wait --wait-timeout 5m nightly-report -- ./report.sh
+  dlock status payout:2026-09
+  dlock list settle:
+  DLOCK_STORE=redis://127.0.0.1:6379 dlock run job -- echo hello`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	envStore := os.Getenv("DLOCK_STORE")
+	if envStore == "" {
+		envStore = DefaultStore
+	}
+	root.PersistentFlags().StringVar(&g.store, "store", envStore, "lock store URL (env DLOCK_STORE)")
+	root.PersistentFlags().StringVarP(&g.output, "output", "o", "text", `output format: "text" or "json"`)
+	root.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
+		if g.output != "text" && g.output != "json" {
+			return exit(ExitUsage, "--output must be text or json, not %q", g.output)
+		}
+		return nil
+	}
+	root.AddCommand(newRunCmd(g), newStatusCmd(g), newListCmd(g), newReleaseCmd(g), newFenceCmd(g), newBenchCmd(g))
+	return root
+}
