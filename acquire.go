@@ -69,7 +69,7 @@ func (l *Locker) acquire(ctx context.Context, key string, wait bool, o options) 
 		if err == nil {
 			return l.newLease(req, g, sent, o)
 		}
-		if errors.Is(err, ErrNotAcquired) && actx.Err() == nil {
+		if errors.Is(err, ErrNotAcquired) && ctxEnded(actx) == nil {
 			contended++
 			if !wait {
 				return nil, l.wrap("acquire", key, err)
@@ -85,11 +85,11 @@ func (l *Locker) acquire(ctx context.Context, key string, wait bool, o options) 
 		// A store error or the end of ctx may hide a grant that raced it:
 		// release whatever the owner token may hold before returning.
 		l.cleanup(req, o)
-		if actx.Err() != nil {
+		if ended := ctxEnded(actx); ended != nil {
 			if context.Cause(actx) == ErrClosed && ctx.Err() == nil {
 				return nil, l.wrap("acquire", key, ErrClosed)
 			}
-			return nil, l.classify("acquire", key, ctx, actx.Err())
+			return nil, l.classify("acquire", key, ctx, ended)
 		}
 		if o.failOpen {
 			return l.degradedLease(req, o), nil

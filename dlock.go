@@ -380,11 +380,12 @@ func (l *Locker) classify(op, key string, ctx context.Context, err error) error 
 		errors.Is(err, ErrInvalidKey), errors.Is(err, ErrInvalidTTL),
 		errors.Is(err, ErrStaleFence), errors.Is(err, errors.ErrUnsupported):
 		return l.wrap(op, key, err)
-	case ctx.Err() != nil:
-		if cause := context.Cause(ctx); cause != nil && cause != ctx.Err() {
-			return l.wrap(op, key, fmt.Errorf("%w (%w)", ctx.Err(), cause))
+	case ctxEnded(ctx) != nil:
+		cerr := ctxEnded(ctx)
+		if cause := context.Cause(ctx); cause != nil && cause != cerr {
+			return l.wrap(op, key, fmt.Errorf("%w (%w)", cerr, cause))
 		}
-		return l.wrap(op, key, ctx.Err())
+		return l.wrap(op, key, cerr)
 	case l.closeCtx.Err() != nil:
 		return l.wrap(op, key, ErrClosed)
 	case errors.Is(err, ErrUnavailable):
@@ -392,4 +393,17 @@ func (l *Locker) classify(op, key string, ctx context.Context, err error) error 
 	default:
 		return l.wrap(op, key, fmt.Errorf("%w: %w", ErrUnavailable, err))
 	}
+}
+
+// ctxEnded returns ctx.Err(), or context.DeadlineExceeded when ctx's
+// deadline has passed but its timer has not fired yet (a store client may
+// notice the deadline first and fail with an I/O timeout).
+func ctxEnded(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
