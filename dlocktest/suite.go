@@ -52,6 +52,7 @@ func Run(t *testing.T, h Harness) {
 		{"Store_DownIsUnavailable", s.testStoreDown},
 		{"Store_DownLosesHeldLease", s.testStoreDownLosesLease},
 		{"Store_DownFailOpenIsDegraded", s.testFailOpen},
+		{"Store_RestartKeepsFencesIncreasing", s.testRestartFences},
 		{"Driver_CutOffIsUnavailable", s.testCutOff},
 		{"AcquireAll_OppositeOrdersNoDeadlock", s.testAcquireAllOrder},
 		{"AcquireAll_OneLostLosesSet", s.testAcquireAllLost},
@@ -677,6 +678,29 @@ func (s *suite) testFailOpen(t *testing.T) {
 	}
 	if err := ls.Release(t.Context()); err != nil {
 		t.Fatalf("Release of a degraded lease = %v", err)
+	}
+}
+
+// testRestartFences: fences keep growing across a clean restart of the
+// store (the harness's StopStore/StartStore).
+func (s *suite) testRestartFences(t *testing.T) {
+	s.skipNoFence(t)
+	s.skipNoStoreControl(t)
+	l, _ := s.locker(t)
+	k := key(t, "k")
+	before := mustAcquire(t, l, k)
+	release(t, before)
+	start := s.stopStore(t)
+	start()
+	var after *dlock.Lease
+	waitFor(t, 20*time.Second, func() bool {
+		var err error
+		after, err = l.TryAcquire(t.Context(), k)
+		return err == nil
+	}, "acquisitions to work after the restart")
+	defer release(t, after)
+	if after.Fence() <= before.Fence() {
+		t.Fatalf("fence %d after the restart is not greater than %d before it", after.Fence(), before.Fence())
 	}
 }
 
