@@ -301,22 +301,68 @@ func held(ctx context.Context, store string, keys, pid int) (Held, error) {
 	return r, ctx.Err()
 }
 
-// rssMiB reads a process's resident set size from /proc (Linux), 0 when it
-// cannot.
+// rssMiB returns the memory of a server process and its descendants (the
+// backends of PostgreSQL, say), in MiB: the sum of their proportional set
+// sizes (PSS, from /proc/PID/smaps_rollup, so shared pages count once), or
+// of their resident set sizes where PSS is not readable. 0 when pid cannot
+// be read. Linux only.
 func rssMiB(pid int) float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	var kb float64
+	for _, p := range processTree(pid) {
+		if v := procField(fmt.Sprintf("/proc/%d/smaps_rollup", p), "Pss:"); v > 0 {
+			kb += v
+		} else {
+			kb += procField(fmt.Sprintf("/proc/%d/status", p), "VmRSS:")
+		}
+	}
+	return kb / 1024
+}
+
+// procField reads a "Name:   123 kB" field from a /proc file, 0 on failure.
+func procField(path, name string) float64 {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return 0
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64)
+		if v, ok := strings.CutPrefix(line, name); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64)
 			if err == nil {
-				return kb / 1024
+				return f
 			}
 		}
 	}
 	return 0
+}
+
+// processTree returns pid and all its descendants, from /proc/*/stat.
+func processTree(pid int) []int {
+	children := map[int][]int{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// Fields after the command name "(...)": state, ppid, ...
+		rest := string(b[strings.LastIndexByte(string(b), ')')+1:])
+		f := strings.Fields(rest)
+		if len(f) < 2 {
+			continue
+		}
+		if ppid, err := strconv.Atoi(f[1]); err == nil {
+			children[ppid] = append(children[ppid], child)
+		}
+	}
+	out := []int{pid}
+	for i := 0; i < len(out); i++ {
+		out = append(out, children[out[i]]...)
+	}
+	return out
 }
 
 func pctUs(d []time.Duration, p float64) float64 {

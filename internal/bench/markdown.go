@@ -43,7 +43,7 @@ func (r Report) Markdown(w io.Writer) {
 	if len(r.Held) > 0 {
 		fmt.Fprintln(w, "### W3 — many keys held at once")
 		fmt.Fprintln(w)
-		fmt.Fprintln(w, "| store | keys | time to acquire all | server RSS before | server RSS held | errors |")
+		fmt.Fprintln(w, "| store | keys | time to acquire all | server memory before | server memory, keys held | errors |")
 		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|")
 		for _, h := range r.Held {
 			fmt.Fprintf(w, "| %s | %d | %.2f s | %s | %s | %d |\n", storeName(h.Store), h.Keys, h.AcquireSeconds, mib(h.RSSBeforeMiB), mib(h.ServerRSSMiB), h.Errors)
