@@ -1,0 +1,58 @@
+package main
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/dlock-dev/dlock/internal/testservers"
+)
+
+// run settles with a paused worker and checks the outcome the brief demands:
+// every merchant settled exactly once, the paused worker's late write
+// rejected by the fence.
+func run(t *testing.T, store, ledger string) Report {
+	t.Helper()
+	cfg := Config{
+		Store: store, Ledger: ledger, Merchants: 200, Workers: 8,
+		TTL: 300 * time.Millisecond, Date: "2026-09-30", PauseWorker: 3, Pause: 600 * time.Millisecond,
+	}
+	rep, err := Run(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%+v", rep)
+	if rep.Settled != cfg.Merchants || rep.Duplicates != 0 {
+		t.Fatalf("settled %d of %d, duplicates %d", rep.Settled, cfg.Merchants, rep.Duplicates)
+	}
+	if rep.StaleRejected != 1 {
+		t.Errorf("stale writes rejected = %d, want the paused worker's one", rep.StaleRejected)
+	}
+	if rep.Lock.LostWhileWorking < 1 {
+		t.Errorf("no lease lost while working, but a worker was paused past its TTL")
+	}
+	if rep.Lock.Acquisitions < cfg.Merchants {
+		t.Errorf("%d acquisitions for %d merchants", rep.Lock.Acquisitions, cfg.Merchants)
+	}
+	return rep
+}
+
+func TestSettlement_MemStoreSQLiteLedger(t *testing.T) {
+	run(t, "mem://settlement-test", "sqlite:"+filepath.Join(t.TempDir(), "ledger.db"))
+}
+
+func TestSettlement_RedisStorePostgresLedger(t *testing.T) {
+	r := testservers.StartRedis(t)
+	pg := testservers.StartPostgres(t)
+	run(t, r.URL(), pg.URL())
+}
+
+func TestSettlement_RedisStoreSQLiteLedger(t *testing.T) {
+	r := testservers.StartRedis(t)
+	run(t, r.URL(), "sqlite:"+filepath.Join(t.TempDir(), "ledger.db"))
+}
+
+func TestSettlement_PostgresStorePostgresLedger(t *testing.T) {
+	pg := testservers.StartPostgres(t)
+	run(t, pg.URL(), pg.URL())
+}
