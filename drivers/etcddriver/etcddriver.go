@@ -1,0 +1,846 @@
+// Package etcddriver is the dlock driver for etcd (v3 API), using the
+// official client go.etcd.io/etcd/client/v3.
+//
+// Open it by URL with dlock.Open (scheme "etcd", registered in init):
+//
+//	etcd://host:port[,host:port…][/prefix][?dial_timeout=5s&op_timeout=5s]
+//
+// or construct it directly with New over a client you already have. The
+// prefix defaults to "/dlock".
+//
+// # Layout and ordering
+//
+// A key K is the directory <prefix>/<escaped K>/ (see escapeKey: "%" and "/"
+// are percent-escaped, so a "/" inside K can never make one key's directory a
+// prefix of another's). Every acquisition attempt puts one entry
+// <prefix>/<escaped K>/<owner token> in a transaction that succeeds only if
+// that entry does not exist, attached to an etcd lease of its own. The
+// holder of K is the entry with the lowest create revision in K's
+// directory; the others are waiters, in create-revision order (FIFO). This
+// is etcd's own concurrency.Mutex recipe, with one lease per grant instead
+// of one per session.
+//
+// # Fencing
+//
+// The fencing token of a grant is the create revision of its entry. etcd's
+// revision is a cluster-wide logical clock that only grows, survives
+// restarts (it is in the replicated, fsynced log) and is never reused, and
+// a later holder's entry was necessarily created after an earlier holder's
+// (an entry is granted only when it has the lowest create revision), so
+// fences are strictly increasing per key for the life of the cluster.
+//
+// # TTL and expiry
+//
+// The store owns expiry: each grant has its own etcd lease whose TTL is the
+// requested TTL in whole seconds, rounded up, at least 1 s (etcd leases
+// have a one-second granularity; the server may raise very short TTLs to its
+// own minimum, 1.5 × the election timeout). The store therefore never
+// expires a grant before the client-side validity deadline (sent + TTL −
+// drift) that the dlock root package computes, only later. Renew is one
+// KeepAliveOnce on the grant's lease (which restores the TTL given at grant;
+// the ttl argument of Renew is not used) followed by a linearizable read
+// that the entry still exists with the grant's create revision. A newly
+// elected etcd leader extends every lease by its election timeout, so
+// expiry can come late, never early.
+//
+// # Capabilities
+//
+//   - driver.Waiter: each waiter watches only the entry just before its own
+//     (its delete event), so a release wakes exactly one waiter, in FIFO
+//     order, with no herd. While waiting, the driver keeps the waiter's own
+//     lease alive; if that lease dies (revoked, expired) or its entry is
+//     deleted, Wait stops with an error matching driver.ErrLeaseLost. A
+//     cancelled waiter revokes its lease, which deletes its entry (and a
+//     grant that raced the cancellation), using a fresh bounded context.
+//   - Pushed loss: every grant's Grant.Lost is closed when its entry is
+//     deleted on the store (lease expired or revoked, entry deleted). The
+//     watching goroutine ends on Release, on loss, and on Close.
+//   - driver.Inspector: Inspect and List.
+//
+// # Store outages
+//
+// The root package bounds TryAcquire, Renew and Release by its op timeout.
+// Wait gets the caller's context only, so the driver bounds each of its own
+// round trips inside Wait by Options.OpTimeout (URL parameter op_timeout,
+// default 5 s): a waiter that cannot reach the store, or cannot keep its
+// lease alive, returns a store error (ErrUnavailable at the root) instead of
+// waiting on. Set op_timeout to the locker's WithOpTimeout.
+//
+// # Release
+//
+// Release deletes the entry in a transaction conditioned on its create
+// revision being the grant's fence, so a replayed release can never delete a
+// newer grant, then revokes the grant's lease off the caller's path (the
+// lease holds nothing any more; the next waiter is told by the delete). An
+// owner the driver cannot find on the store answers driver.ErrLeaseLost.
+package etcddriver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+
+	"github.com/dlock-dev/dlock/driver"
+)
+
+func init() {
+	driver.Register("etcd", func(ctx context.Context, u *url.URL) (driver.Driver, error) {
+		return Open(ctx, u)
+	})
+}
+
+// Client is the part of *clientv3.Client the driver uses; a
+// *clientv3.Client satisfies it (as does a namespaced or wrapped client).
+type Client interface {
+	clientv3.KV
+	clientv3.Lease
+	clientv3.Watcher
+}
+
+// Options configure a Driver. A nil *Options selects every default.
+type Options struct {
+	// Prefix is the key prefix under which all lock entries live, without a
+	// trailing "/". Zero value: "/dlock".
+	Prefix string
+	// OpTimeout bounds each store round trip the driver makes on its own
+	// inside Wait (lease grant, keepalive, checks) and the cleanup after a
+	// cancelled or failed attempt. Zero value: 5 s.
+	OpTimeout time.Duration
+}
+
+// DefaultPrefix is the key prefix used when Options.Prefix is empty.
+const DefaultPrefix = "/dlock"
+
+const defaultOpTimeout = 5 * time.Second
+
+// Driver is a dlock driver over one etcd client. It is safe for concurrent
+// use.
+type Driver struct {
+	cli       Client
+	closeCli  func() error // nil when the client is not ours
+	prefix    string
+	opTimeout time.Duration
+
+	closeCtx    context.Context
+	closeCancel context.CancelFunc
+	wg          sync.WaitGroup
+
+	mu     sync.Mutex
+	closed bool
+	grants map[string]*grant // by entry key
+}
+
+// grant is a grant held through this driver.
+type grant struct {
+	lease  clientv3.LeaseID
+	fence  int64 // create revision of the entry
+	lost   chan struct{}
+	cancel context.CancelFunc // stops the loss watcher
+}
+
+var (
+	_ driver.Driver    = (*Driver)(nil)
+	_ driver.Waiter    = (*Driver)(nil)
+	_ driver.Inspector = (*Driver)(nil)
+)
+
+// New returns a driver over cli. It never closes cli: Close only stops the
+// driver's own goroutines. opts may be nil.
+func New(cli Client, opts *Options) *Driver {
+	return newDriver(cli, nil, opts)
+}
+
+func newDriver(cli Client, closeCli func() error, opts *Options) *Driver {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.Prefix == "" {
+		o.Prefix = DefaultPrefix
+	}
+	o.Prefix = strings.TrimRight(o.Prefix, "/")
+	if o.OpTimeout <= 0 {
+		o.OpTimeout = defaultOpTimeout
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Driver{
+		cli: cli, closeCli: closeCli, prefix: o.Prefix, opTimeout: o.OpTimeout,
+		closeCtx: ctx, closeCancel: cancel,
+		grants: map[string]*grant{},
+	}
+}
+
+// Open connects to the etcd cluster named by u,
+// etcd://host:port[,host:port…][/prefix], with the optional query
+// parameters dial_timeout and op_timeout (Go durations). The driver owns the
+// client and closes it in Close. Open reads from the cluster once, and
+// returns an error wrapping driver.ErrUnavailable when no endpoint answers
+// within ctx and dial_timeout (default 5 s).
+func Open(ctx context.Context, u *url.URL) (*Driver, error) {
+	if u.Scheme != "etcd" {
+		return nil, fmt.Errorf("etcddriver: URL scheme %q, want etcd", u.Scheme)
+	}
+	if u.Host == "" {
+		return nil, fmt.Errorf("etcddriver: URL %q has no host", u.Redacted())
+	}
+	q := u.Query()
+	dialTimeout := 5 * time.Second
+	var opts Options
+	for name, dst := range map[string]*time.Duration{"dial_timeout": &dialTimeout, "op_timeout": &opts.OpTimeout} {
+		if v := q.Get(name); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				return nil, fmt.Errorf("etcddriver: URL parameter %s=%q is not a positive duration", name, v)
+			}
+			*dst = d
+		}
+	}
+	var endpoints []string
+	for _, h := range strings.Split(u.Host, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			endpoints = append(endpoints, h)
+		}
+	}
+	cfg := clientv3.Config{
+		// Reconnect within a second of the store coming back (gRPC's
+		// default backoff grows to two minutes).
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: time.Second,
+		})},
+		Endpoints:            endpoints,
+		DialTimeout:          dialTimeout,
+		DialKeepAliveTime:    5 * time.Second,
+		DialKeepAliveTimeout: 3 * time.Second,
+		Logger:               zap.NewNop(),
+		Context:              context.WithoutCancel(ctx),
+	}
+	if u.User != nil {
+		cfg.Username = u.User.Username()
+		cfg.Password, _ = u.User.Password()
+	}
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("etcddriver: connect %s: %w: %w", u.Host, driver.ErrUnavailable, err)
+	}
+	opts.Prefix = u.Path
+	// Fail at once when no endpoint answers (the client connects lazily).
+	pctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	_, err = cli.Get(pctx, "/", clientv3.WithCountOnly(), clientv3.WithSerializable())
+	cancel()
+	if err != nil {
+		cli.Close()
+		return nil, fmt.Errorf("etcddriver: connect %s: %w: %w", u.Host, driver.ErrUnavailable, err)
+	}
+	return newDriver(cli, cli.Close, &opts), nil
+}
+
+// Close stops the driver's loss watchers and ends pending waits, then closes
+// the client if the driver opened it. It does not release grants: their
+// leases expire on the store. Closing twice returns nil.
+func (d *Driver) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	for _, g := range d.grants {
+		g.cancel()
+	}
+	d.grants = map[string]*grant{}
+	d.mu.Unlock()
+	d.closeCancel()
+	d.wg.Wait()
+	if d.closeCli != nil {
+		return d.closeCli()
+	}
+	return nil
+}
+
+// escapeKey percent-escapes "%" and "/" (and nothing else), so an escaped
+// key never contains "/" and escaping is injective and prefix-preserving.
+func escapeKey(key string) string {
+	if !strings.ContainsAny(key, "%/") {
+		return key
+	}
+	var b strings.Builder
+	for i := 0; i < len(key); i++ {
+		switch c := key[i]; c {
+		case '%':
+			b.WriteString("%25")
+		case '/':
+			b.WriteString("%2F")
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
+// unescapeKey reverses escapeKey.
+func unescapeKey(s string) (string, error) {
+	return url.PathUnescape(s)
+}
+
+// dir returns the directory of key, with its trailing "/".
+func (d *Driver) dir(key string) string { return d.prefix + "/" + escapeKey(key) + "/" }
+
+// entry returns the entry of owner on key.
+func (d *Driver) entry(key, owner string) string { return d.dir(key) + owner }
+
+// value is what an entry stores.
+type value struct {
+	Holder string        `json:"holder,omitempty"`
+	TTL    time.Duration `json:"ttl"`
+}
+
+// leaseSeconds converts a TTL to etcd's whole seconds, rounding up, at least
+// 1.
+func leaseSeconds(ttl time.Duration) int64 {
+	s := int64((ttl + time.Second - 1) / time.Second)
+	if s < 1 {
+		s = 1
+	}
+	return s
+}
+
+func (d *Driver) isClosed() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.closed
+}
+
+func storeErr(op, key string, err error) error {
+	if errors.Is(err, driver.ErrLeaseLost) || errors.Is(err, driver.ErrNotAcquired) || errors.Is(err, driver.ErrClosed) {
+		return fmt.Errorf("etcddriver: %s %q: %w", op, key, err)
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("etcddriver: %s %q: %w", op, key, err)
+	}
+	return fmt.Errorf("etcddriver: %s %q: %w: %w", op, key, driver.ErrUnavailable, err)
+}
+
+// queued is an entry put by enqueue.
+type queued struct {
+	lease clientv3.LeaseID
+	rev   int64  // create revision of the entry: the fence if granted
+	pred  string // the entry just before it, "" when it is the holder
+	ahead int64  // number of entries before it
+	seen  int64  // store revision at which pred and ahead were read
+}
+
+// enqueue grants a lease and puts req's entry with it, in a transaction that
+// first reads the last entry created before it (its predecessor) and how
+// many entries are ahead. On an error the lease has been revoked (best
+// effort).
+func (d *Driver) enqueue(ctx context.Context, req driver.AcquireRequest) (queued, error) {
+	lg, err := d.cli.Grant(ctx, leaseSeconds(req.TTL))
+	if err != nil {
+		return queued{}, err
+	}
+	val, _ := json.Marshal(value{Holder: req.Holder, TTL: req.TTL})
+	k := d.entry(req.Key, req.Owner)
+	dir := d.dir(req.Key)
+	resp, err := d.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+		Then(clientv3.OpGet(dir, append(clientv3.WithLastCreate(), clientv3.WithPrefix(), clientv3.WithKeysOnly())...),
+			clientv3.OpPut(k, string(val), clientv3.WithLease(lg.ID))).
+		Else(clientv3.OpGet(k)).
+		Commit()
+	if err != nil {
+		d.revoke(ctx, lg.ID)
+		return queued{}, err
+	}
+	if !resp.Succeeded {
+		// The entry exists already: the same owner token retried. Keep
+		// the existing entry and its lease.
+		d.revoke(ctx, lg.ID)
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			return queued{}, fmt.Errorf("entry %q vanished", k)
+		}
+		q := queued{lease: clientv3.LeaseID(kvs[0].Lease), rev: kvs[0].CreateRevision}
+		return d.ahead(ctx, k, dir, q)
+	}
+	q := queued{lease: lg.ID, rev: resp.Header.Revision, seen: resp.Header.Revision}
+	rr := resp.Responses[0].GetResponseRange()
+	if len(rr.Kvs) > 0 {
+		q.pred = string(rr.Kvs[0].Key)
+		q.ahead = rr.Count
+	}
+	return q, nil
+}
+
+// ahead re-reads, in one transaction, that q's entry k still exists and
+// which entries are ahead of it. It returns an error matching
+// driver.ErrLeaseLost when the entry is gone.
+func (d *Driver) ahead(ctx context.Context, k, dir string, q queued) (queued, error) {
+	resp, err := d.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(k), "=", q.rev)).
+		Then(clientv3.OpGet(dir, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(q.rev-1),
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend))).
+		Commit()
+	if err != nil {
+		return q, err
+	}
+	if !resp.Succeeded {
+		return q, fmt.Errorf("%w: %w", driver.ErrLeaseLost, errWaiterLost)
+	}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	q.pred, q.ahead, q.seen = "", int64(len(kvs)), resp.Header.Revision
+	if len(kvs) > 0 {
+		q.pred = string(kvs[0].Key)
+	}
+	return q, nil
+}
+
+// revoke revokes a lease (deleting its entry) with a fresh context bounded by
+// the op timeout, so that it runs even when ctx has ended.
+func (d *Driver) revoke(ctx context.Context, id clientv3.LeaseID) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.opTimeout)
+	defer cancel()
+	_, _ = d.cli.Revoke(rctx, id)
+}
+
+// TryAcquire puts req's entry and keeps it only when it is the lowest of the
+// key (the holder); otherwise it revokes the entry's lease and returns
+// driver.ErrNotAcquired.
+func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	if d.isClosed() {
+		return driver.Grant{}, storeErr("acquire", req.Key, driver.ErrClosed)
+	}
+	q, err := d.enqueue(ctx, req)
+	if err != nil {
+		return driver.Grant{}, storeErr("acquire", req.Key, err)
+	}
+	if q.pred != "" {
+		d.revoke(ctx, q.lease)
+		return driver.Grant{}, storeErr("acquire", req.Key, driver.ErrNotAcquired)
+	}
+	return d.granted(req, q.lease, q.rev)
+}
+
+// granted records a grant and starts its loss watcher.
+func (d *Driver) granted(req driver.AcquireRequest, id clientv3.LeaseID, rev int64) (driver.Grant, error) {
+	k := d.entry(req.Key, req.Owner)
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		d.revoke(context.Background(), id)
+		return driver.Grant{}, storeErr("acquire", req.Key, driver.ErrClosed)
+	}
+	if old, ok := d.grants[k]; ok && old.fence == rev {
+		d.mu.Unlock()
+		return driver.Grant{Fence: uint64(rev), Lost: old.lost}, nil
+	}
+	ctx, cancel := context.WithCancel(d.closeCtx)
+	g := &grant{lease: id, fence: rev, lost: make(chan struct{}), cancel: cancel}
+	d.grants[k] = g
+	d.wg.Add(1)
+	d.mu.Unlock()
+	go d.watchLoss(ctx, k, g)
+	return driver.Grant{Fence: uint64(rev), Lost: g.lost}, nil
+}
+
+// watchLoss closes g.lost when entry k (created at g.fence) is deleted. It
+// ends when ctx is cancelled (release, close) or after the loss.
+func (d *Driver) watchLoss(ctx context.Context, k string, g *grant) {
+	defer d.wg.Done()
+	from := g.fence + 1
+	for ctx.Err() == nil {
+		wctx, cancel := context.WithCancel(ctx)
+		wch := d.cli.Watch(wctx, k, clientv3.WithRev(from), clientv3.WithFilterPut())
+		for resp := range wch {
+			if err := resp.Err(); err != nil {
+				break // compacted or cancelled: re-read the entry
+			}
+			for _, ev := range resp.Events {
+				if ev.Type == mvccpb.DELETE {
+					cancel()
+					d.markLost(k, g)
+					return
+				}
+			}
+			from = resp.Header.Revision + 1
+		}
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		gctx, gcancel := context.WithTimeout(ctx, d.opTimeout)
+		resp, err := d.cli.Get(gctx, k)
+		gcancel()
+		if err == nil {
+			if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != g.fence {
+				d.markLost(k, g)
+				return
+			}
+			from = resp.Header.Revision + 1
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func (d *Driver) markLost(k string, g *grant) {
+	d.mu.Lock()
+	if d.grants[k] == g {
+		delete(d.grants, k)
+	}
+	d.mu.Unlock()
+	g.cancel()
+	close(g.lost)
+}
+
+// forget stops tracking the grant of entry k, if any, and returns it.
+func (d *Driver) forget(k string) *grant {
+	d.mu.Lock()
+	g := d.grants[k]
+	delete(d.grants, k)
+	d.mu.Unlock()
+	if g != nil {
+		g.cancel()
+	}
+	return g
+}
+
+// lookup returns the lease and create revision of owner's entry on key: from
+// the driver's own grants when it has them, else from the store. It returns
+// driver.ErrLeaseLost when the entry does not exist.
+func (d *Driver) lookup(ctx context.Context, k string) (clientv3.LeaseID, int64, error) {
+	d.mu.Lock()
+	g := d.grants[k]
+	d.mu.Unlock()
+	if g != nil {
+		return g.lease, g.fence, nil
+	}
+	resp, err := d.cli.Get(ctx, k)
+	if err != nil {
+		return 0, 0, err
+	}
+	if len(resp.Kvs) == 0 {
+		return 0, 0, driver.ErrLeaseLost
+	}
+	return clientv3.LeaseID(resp.Kvs[0].Lease), resp.Kvs[0].CreateRevision, nil
+}
+
+// Renew sends one KeepAliveOnce for the grant's lease (restoring the TTL it
+// was granted with; ttl is not used), then reads the entry back. It returns
+// driver.ErrLeaseLost when the lease is gone or the entry was deleted or
+// replaced.
+func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration) error {
+	if d.isClosed() {
+		return storeErr("renew", key, driver.ErrClosed)
+	}
+	k := d.entry(key, owner)
+	id, fence, err := d.lookup(ctx, k)
+	if err != nil {
+		return storeErr("renew", key, err)
+	}
+	if _, err := d.cli.KeepAliveOnce(ctx, id); err != nil {
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			d.forget(k)
+			return storeErr("renew", key, fmt.Errorf("%w: etcd lease %x not found", driver.ErrLeaseLost, int64(id)))
+		}
+		return storeErr("renew", key, err)
+	}
+	resp, err := d.cli.Get(ctx, k)
+	if err != nil {
+		return storeErr("renew", key, err)
+	}
+	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != fence {
+		d.forget(k)
+		return storeErr("renew", key, fmt.Errorf("%w: entry deleted", driver.ErrLeaseLost))
+	}
+	return nil
+}
+
+// Release deletes owner's entry only if its create revision is the grant's
+// fence, then revokes the grant's lease. It returns driver.ErrLeaseLost
+// when the entry is not there.
+func (d *Driver) Release(ctx context.Context, key, owner string) error {
+	k := d.entry(key, owner)
+	g := d.forget(k)
+	var id clientv3.LeaseID
+	var fence int64
+	if g != nil {
+		id, fence = g.lease, g.fence
+	} else {
+		if d.isClosed() {
+			return storeErr("release", key, driver.ErrClosed)
+		}
+		var err error
+		if id, fence, err = d.lookup(ctx, k); err != nil {
+			return storeErr("release", key, err)
+		}
+	}
+	resp, err := d.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(k), "=", fence)).
+		Then(clientv3.OpDelete(k)).
+		Commit()
+	if err != nil {
+		return storeErr("release", key, err)
+	}
+	// The entry is gone (or was not ours); its lease holds nothing now.
+	// Revoke it off the caller's path, so a waiter is told as soon as the
+	// entry is deleted.
+	d.mu.Lock()
+	if !d.closed {
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			d.revoke(d.closeCtx, id)
+		}()
+	}
+	d.mu.Unlock()
+	if !resp.Succeeded {
+		return storeErr("release", key, driver.ErrLeaseLost)
+	}
+	return nil
+}
+
+// errWaiterLost is wrapped when a waiter's own lease or entry dies.
+var errWaiterLost = errors.New("the waiter's own etcd lease or entry is gone")
+
+// Wait queues req's entry and waits, watching only the entry just before it
+// (by create revision), until it is the lowest entry of the key. While it
+// waits it keeps its own lease alive every third of the lease TTL; when that
+// lease dies or its entry is deleted, Wait returns an error matching
+// driver.ErrLeaseLost. When ctx ends, it revokes its lease (deleting the
+// entry, or a grant that raced) with a fresh bounded context and returns an
+// error matching ctx.Err().
+func (d *Driver) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	if d.isClosed() {
+		return driver.Grant{}, storeErr("wait", req.Key, driver.ErrClosed)
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(d.closeCtx, func() { cancel(driver.ErrClosed) })
+	defer stop()
+
+	octx, ocancel := context.WithTimeout(ctx, d.opTimeout)
+	q, err := d.enqueue(octx, req)
+	ocancel()
+	if err != nil {
+		return driver.Grant{}, d.waitErr(ctx, req.Key, err)
+	}
+	if q.pred == "" {
+		return d.granted(req, q.lease, q.rev)
+	}
+	fail := func(err error) (driver.Grant, error) {
+		d.revoke(ctx, q.lease)
+		return driver.Grant{}, d.waitErr(ctx, req.Key, err)
+	}
+
+	k := d.entry(req.Key, req.Owner)
+	dir := d.dir(req.Key)
+	// Own entry: a delete means this waiter's lease died or the entry was
+	// removed.
+	ownCtx, ownCancel := context.WithCancel(ctx)
+	defer ownCancel()
+	ownCh := d.cli.Watch(ownCtx, k, clientv3.WithRev(q.rev+1), clientv3.WithFilterPut())
+
+	leaseTTL := time.Duration(leaseSeconds(req.TTL)) * time.Second
+	keep := time.NewTicker(leaseTTL / 3)
+	kept := &keeper{ttl: leaseTTL, last: time.Now()}
+	defer keep.Stop()
+
+	for {
+		// Watch only the predecessor. Every entry ahead was created
+		// before this one, and no entry can be created ahead of it later.
+		predCtx, predCancel := context.WithCancel(ctx)
+		// A watch from the current revision is served at once by etcd (one
+		// from a past revision waits for its 100 ms catch-up loop); a
+		// delete between the read and the watch's start is caught by
+		// reading the predecessor again once the watch exists.
+		predCh := d.cli.Watch(predCtx, q.pred, clientv3.WithCreatedNotify(), clientv3.WithFilterPut())
+		deleted, err := d.waitDelete(ctx, q, predCh, &ownCh, keep.C, kept)
+		predCancel()
+		if err != nil {
+			return fail(err)
+		}
+		if deleted && q.ahead == 1 {
+			// The predecessor was the holder and the only entry ahead.
+			return d.granted(req, q.lease, q.rev)
+		}
+		octx, ocancel := context.WithTimeout(ctx, d.opTimeout)
+		q2, err := d.ahead(octx, k, dir, q)
+		ocancel()
+		if err != nil {
+			return fail(err)
+		}
+		q = q2
+		if q.pred == "" {
+			return d.granted(req, q.lease, q.rev)
+		}
+	}
+}
+
+// waitDelete returns (true, nil) when the predecessor's watch reports its
+// delete, (false, nil) when the watch ended and the queue must be re-read,
+// and an error when ctx ends, the own entry is deleted or the own lease
+// cannot be kept alive.
+func (d *Driver) waitDelete(ctx context.Context, q queued, predCh clientv3.WatchChan, ownCh *clientv3.WatchChan, keep <-chan time.Time, kept *keeper) (bool, error) {
+	id := q.lease
+	for {
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case resp, ok := <-predCh:
+			if !ok || resp.Err() != nil {
+				return false, nil // re-read
+			}
+			if resp.Created && resp.Header.Revision > q.seen {
+				gctx, cancel := context.WithTimeout(ctx, d.opTimeout)
+				g, err := d.cli.Get(gctx, q.pred, clientv3.WithKeysOnly())
+				cancel()
+				if err != nil {
+					return false, err
+				}
+				if len(g.Kvs) == 0 {
+					return true, nil
+				}
+			}
+			for _, ev := range resp.Events {
+				if ev.Type == mvccpb.DELETE {
+					return true, nil
+				}
+			}
+		case resp, ok := <-*ownCh:
+			if !ok || resp.Err() != nil {
+				if ctx.Err() != nil {
+					return false, ctx.Err()
+				}
+				// The own watch ended (compaction): the keepalive and the
+				// re-read still notice a dead lease or entry.
+				*ownCh = nil
+				return false, nil
+			}
+			for _, ev := range resp.Events {
+				if ev.Type == mvccpb.DELETE {
+					return false, fmt.Errorf("%w: %w", driver.ErrLeaseLost, errWaiterLost)
+				}
+			}
+		case <-keep:
+			sent := time.Now()
+			kctx, cancel := context.WithTimeout(ctx, min(d.opTimeout, kept.ttl/3))
+			_, err := d.cli.KeepAliveOnce(kctx, id)
+			cancel()
+			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+				return false, fmt.Errorf("%w: %w", driver.ErrLeaseLost, errWaiterLost)
+			}
+			if err == nil {
+				kept.last = sent
+				continue
+			}
+			// One failed keepalive is retried at the next tick while the
+			// lease has time left; past 2/3 of its TTL without one, the
+			// store counts as unreachable.
+			if ctx.Err() != nil || time.Since(kept.last) > kept.ttl*2/3 {
+				return false, err
+			}
+		}
+	}
+}
+
+// keeper tracks a waiter's last confirmed keepalive.
+type keeper struct {
+	ttl  time.Duration // the lease's TTL on the store
+	last time.Time     // when the last confirmed keepalive was sent
+}
+
+func (d *Driver) waitErr(ctx context.Context, key string, err error) error {
+	if ctx.Err() != nil {
+		if cause := context.Cause(ctx); errors.Is(cause, driver.ErrClosed) {
+			return storeErr("wait", key, driver.ErrClosed)
+		}
+		return fmt.Errorf("etcddriver: wait %q: %w", key, ctx.Err())
+	}
+	return storeErr("wait", key, err)
+}
+
+// Inspect returns the holder of key (the entry with the lowest create
+// revision), with the lease's remaining time and the number of waiters, or
+// driver.ErrNotAcquired when the key is free.
+func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, error) {
+	resp, err := d.cli.Get(ctx, d.dir(key), append(clientv3.WithFirstCreate(), clientv3.WithPrefix())...)
+	if err != nil {
+		return driver.HolderInfo{}, storeErr("inspect", key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return driver.HolderInfo{}, storeErr("inspect", key, driver.ErrNotAcquired)
+	}
+	kv := resp.Kvs[0]
+	info := d.info(key, kv)
+	info.Waiters = int(resp.Count) - 1
+	if kv.Lease != 0 {
+		if ttl, err := d.cli.TimeToLive(ctx, clientv3.LeaseID(kv.Lease)); err == nil && ttl.TTL > 0 {
+			info.Remaining = time.Duration(ttl.TTL) * time.Second
+		}
+	}
+	return info, nil
+}
+
+func (d *Driver) info(key string, kv *mvccpb.KeyValue) driver.HolderInfo {
+	var v value
+	_ = json.Unmarshal(kv.Value, &v)
+	return driver.HolderInfo{Key: key, Fence: uint64(kv.CreateRevision), Holder: v.Holder, TTL: v.TTL}
+}
+
+// List returns the held keys starting with prefix, sorted by key, each with
+// its holder and number of waiters (Remaining is zero: not read for lists).
+func (d *Driver) List(ctx context.Context, prefix string) ([]driver.HolderInfo, error) {
+	resp, err := d.cli.Get(ctx, d.prefix+"/"+escapeKey(prefix), clientv3.WithPrefix())
+	if err != nil {
+		return nil, storeErr("list", prefix, err)
+	}
+	type held struct {
+		kv    *mvccpb.KeyValue
+		count int
+	}
+	byKey := map[string]*held{}
+	for _, kv := range resp.Kvs {
+		rest := strings.TrimPrefix(string(kv.Key), d.prefix+"/")
+		i := strings.LastIndexByte(rest, '/')
+		if i < 0 {
+			continue
+		}
+		key, err := unescapeKey(rest[:i])
+		if err != nil || !strings.HasPrefix(key, prefix) {
+			continue
+		}
+		h := byKey[key]
+		if h == nil {
+			h = &held{kv: kv}
+			byKey[key] = h
+		} else if kv.CreateRevision < h.kv.CreateRevision {
+			h.kv = kv
+		}
+		h.count++
+	}
+	out := make([]driver.HolderInfo, 0, len(byKey))
+	for key, h := range byKey {
+		info := d.info(key, h.kv)
+		info.Waiters = h.count - 1
+		out = append(out, info)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, nil
+}

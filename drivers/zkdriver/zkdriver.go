@@ -1,0 +1,1017 @@
+// Package zkdriver is the dlock driver for Apache ZooKeeper, using
+// github.com/go-zookeeper/zk.
+//
+// Open it by URL with dlock.Open (scheme "zk", registered in init):
+//
+//	zk://host:port[,host:port…]/root[?session_timeout=4s&op_timeout=5s]
+//
+// The root path defaults to "/dlock" and is created (persistent) when
+// missing.
+//
+// # The lock recipe
+//
+// This is ZooKeeper's own lock recipe ("ZooKeeper Recipes and Solutions",
+// Locks). A key K is the container node <root>/<escaped K> (see escapeKey:
+// everything outside printable ASCII, and "%", "/" and ".", is
+// percent-escaped, so any valid key works, "/" included; ZooKeeper deletes
+// empty container nodes by itself). Every acquisition attempt creates one
+// ephemeral sequential child "<owner token>-<sequence>" in it. The holder of
+// K is the child with the lowest sequence number; the others wait, each
+// watching only the child just before its own (no herd, FIFO).
+//
+// # Fencing
+//
+// The fencing token of a grant is the creation zxid (Czxid) of the holder's
+// node. The zxid is ZooKeeper's transaction id: it only grows for the life
+// of the ensemble (across restarts and leader changes, the epoch is in its
+// high 32 bits) and is never reused; a holder's node was created after every
+// earlier holder's node of the same key, so fences strictly increase.
+//
+// # Sessions, TTL and loss
+//
+// The store owns expiry through the ZooKeeper session: the server deletes
+// every ephemeral node of a session once it has not heard from the client
+// for the session timeout (URL parameter session_timeout, default 4 s; the
+// server clamps it to [2, 20] × its tickTime unless configured otherwise).
+// The lease TTL given to dlock does not reach ZooKeeper: it only sets the
+// client's validity deadline (sent + TTL − drift) and the heartbeat
+// (TTL/3). Renew asks the server whether the node still exists and belongs
+// to the current session; it answers driver.ErrLeaseLost otherwise.
+//
+// Loss is pushed (Grant.Lost) for every grant of a connection at once when
+// the session expires, and also when the connection to the server is lost
+// (the client library declares that after 2/3 of the session timeout without
+// a packet from the server). The server cannot expire the session, and so
+// cannot hand the key to someone else, before the session timeout has
+// passed since it last heard from the client, so the client always knows
+// first, whatever the TTL, as long as the client process is not paused and
+// clocks run at about the same rate. Nodes of grants given up this way are
+// deleted as soon as the same session is back; if it expired instead, the
+// server has deleted them already. After a reconnect with a new session the
+// driver never adopts a node of an old session as its own: Renew and Release
+// check the node's ephemeralOwner against the current session id.
+//
+// # Capabilities
+//
+//   - driver.Waiter: each waiter watches only its predecessor (FIFO, no
+//     herd); a waiter whose session or connection is lost stops with a
+//     store error; a cancelled waiter deletes its node.
+//   - Pushed loss: Grant.Lost is shared by every grant of one connected
+//     period of one session, and closes when it ends.
+//   - driver.Inspector: Inspect and List (Remaining is always zero).
+//
+// # Unrenewed grants
+//
+// A session can outlive the lease: the process keeps its connection but its
+// renewals stop being confirmed (a slow or overloaded server), and the dlock
+// root package declares the lease lost at its validity deadline. So that
+// the key is not then held for the life of the session, the driver deletes
+// a grant's node once its TTL has passed since the grant or the last
+// confirmed Renew (never before the root's deadline, which is that minus
+// drift), as a store-side TTL would.
+//
+// # Contexts
+//
+// go-zookeeper's calls take no context. Every call here runs the library
+// call in a goroutine and returns when the context ends; a node created by a
+// call that the caller abandoned is deleted when the call completes.
+package zkdriver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/dlock-dev/dlock/driver"
+)
+
+func init() {
+	driver.Register("zk", func(ctx context.Context, u *url.URL) (driver.Driver, error) {
+		return Open(ctx, u, nil)
+	})
+}
+
+// Defaults of the URL parameters.
+const (
+	DefaultRoot           = "/dlock"
+	DefaultSessionTimeout = 4 * time.Second
+	DefaultOpTimeout      = 5 * time.Second
+)
+
+// Options configure Open beyond the URL. A nil *Options selects every
+// default.
+type Options struct {
+	// Dialer, when set, replaces net.DialTimeout for connections to the
+	// servers (tests use it to cut a client off). Zero value: net.DialTimeout.
+	Dialer zk.Dialer
+}
+
+// Driver is a dlock driver over one ZooKeeper session (one zk.Conn, which
+// reconnects by itself). It is safe for concurrent use.
+type Driver struct {
+	conn           *zk.Conn
+	root           string
+	sessionTimeout time.Duration
+	opTimeout      time.Duration
+
+	closeCtx    context.Context
+	closeCancel context.CancelFunc
+	wg          sync.WaitGroup
+
+	mu        sync.Mutex
+	closed    bool
+	cur       *generation // nil while there is no session
+	ready     chan struct{}
+	readyOnce sync.Once
+	orphans   map[string]int64     // node path → session: to delete when that session is back
+	suspects  map[[2]string]int64  // {dir, owner} of an ambiguous create → session
+	grants    map[string]grantInfo // by key + "\x00" + owner
+	expiries  map[string]*expiry   // by key + "\x00" + owner, for grants
+}
+
+// expiry ends a grant that is not renewed within its TTL while the session
+// lives on.
+type expiry struct {
+	timer   *time.Timer
+	until   time.Time // last confirmed renewal (or grant) + TTL
+	path    string
+	version int32
+}
+
+// generation is one connected period of one session. Grants made in it are
+// lost together when it ends (disconnect or expiry).
+type generation struct {
+	session int64
+	lost    chan struct{}
+	nodes   map[string]struct{} // nodes created in it and not yet deleted
+}
+
+type grantInfo struct {
+	path    string
+	czxid   int64
+	version int32
+	gen     *generation
+}
+
+var (
+	_ driver.Driver    = (*Driver)(nil)
+	_ driver.Waiter    = (*Driver)(nil)
+	_ driver.Inspector = (*Driver)(nil)
+)
+
+type nopLogger struct{}
+
+func (nopLogger) Printf(string, ...any) {}
+
+// Open connects to the ensemble named by u,
+// zk://host:port[,host:port…]/root, with the optional query parameters
+// session_timeout and op_timeout (Go durations). It waits, within ctx, until
+// the first session is established and the root exists, and returns an
+// error wrapping driver.ErrUnavailable when that fails. opts may be nil.
+func Open(ctx context.Context, u *url.URL, opts *Options) (*Driver, error) {
+	if u.Scheme != "zk" {
+		return nil, fmt.Errorf("zkdriver: URL scheme %q, want zk", u.Scheme)
+	}
+	if u.Host == "" {
+		return nil, fmt.Errorf("zkdriver: URL %q has no host", u.Redacted())
+	}
+	q := u.Query()
+	d := &Driver{
+		root: strings.TrimRight(u.Path, "/"), sessionTimeout: DefaultSessionTimeout, opTimeout: DefaultOpTimeout,
+		ready: make(chan struct{}), orphans: map[string]int64{}, suspects: map[[2]string]int64{}, grants: map[string]grantInfo{},
+		expiries: map[string]*expiry{},
+	}
+	if d.root == "" {
+		d.root = DefaultRoot
+	}
+	for name, dst := range map[string]*time.Duration{"session_timeout": &d.sessionTimeout, "op_timeout": &d.opTimeout} {
+		if v := q.Get(name); v != "" {
+			dur, err := time.ParseDuration(v)
+			if err != nil || dur <= 0 {
+				return nil, fmt.Errorf("zkdriver: URL parameter %s=%q is not a positive duration", name, v)
+			}
+			*dst = dur
+		}
+	}
+	var servers []string
+	for _, h := range strings.Split(u.Host, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			servers = append(servers, h)
+		}
+	}
+	dialer := zk.Dialer(net.DialTimeout)
+	if opts != nil && opts.Dialer != nil {
+		dialer = opts.Dialer
+	}
+	conn, events, err := zk.Connect(servers, d.sessionTimeout, zk.WithLogger(nopLogger{}), zk.WithLogInfo(false), zk.WithDialer(dialer))
+	if err != nil {
+		return nil, fmt.Errorf("zkdriver: connect %s: %w: %w", u.Host, driver.ErrUnavailable, err)
+	}
+	d.conn = conn
+	d.closeCtx, d.closeCancel = context.WithCancel(context.Background())
+	d.wg.Add(1)
+	go d.run(events)
+
+	fail := func(err error) (*Driver, error) {
+		d.Close()
+		return nil, fmt.Errorf("zkdriver: open %s: %w: %w", u.Host, driver.ErrUnavailable, err)
+	}
+	// The first session may take a reconnect (go-zookeeper waits 1 s
+	// between rounds of the server list).
+	octx, cancel := context.WithTimeout(ctx, max(d.opTimeout, d.sessionTimeout)+time.Second)
+	defer cancel()
+	select {
+	case <-d.ready:
+	case <-octx.Done():
+		return fail(fmt.Errorf("no session: %w", octx.Err()))
+	}
+	// Create the root, one level at a time.
+	parts := strings.Split(strings.Trim(d.root, "/"), "/")
+	for i := range parts {
+		p := "/" + strings.Join(parts[:i+1], "/")
+		_, err := do(octx, d, func() (string, error) { return d.conn.Create(p, nil, zk.FlagPersistent, zk.WorldACL(zk.PermAll)) }, nil)
+		if err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			return fail(fmt.Errorf("create %s: %w", p, err))
+		}
+	}
+	return d, nil
+}
+
+// run follows the session events of the connection until it is closed.
+func (d *Driver) run(events <-chan zk.Event) {
+	defer d.wg.Done()
+	for ev := range events {
+		if ev.Type != zk.EventSession {
+			continue
+		}
+		switch ev.State {
+		case zk.StateHasSession:
+			id := d.conn.SessionID()
+			d.mu.Lock()
+			if d.cur != nil && d.cur.session != id {
+				d.endLocked()
+			}
+			if d.cur == nil {
+				d.cur = &generation{session: id, lost: make(chan struct{}), nodes: map[string]struct{}{}}
+			}
+			var stale []string
+			for p, s := range d.orphans {
+				if s == id {
+					stale = append(stale, p)
+				} else {
+					delete(d.orphans, p) // its session expired: the server deleted it
+				}
+			}
+			if len(stale) > 0 && !d.closed {
+				d.wg.Add(1)
+				go d.deleteOrphans(stale)
+			}
+			for sp, s := range d.suspects {
+				delete(d.suspects, sp)
+				if s == id && !d.closed {
+					d.wg.Add(1)
+					go d.deleteByOwner(sp[0], sp[1], s)
+				}
+			}
+			d.mu.Unlock()
+			d.readyOnce.Do(func() { close(d.ready) })
+		case zk.StateDisconnected, zk.StateExpired:
+			d.mu.Lock()
+			d.endLocked()
+			if ev.State == zk.StateExpired {
+				d.orphans = map[string]int64{}
+				d.suspects = map[[2]string]int64{}
+			}
+			d.mu.Unlock()
+		}
+	}
+	d.mu.Lock()
+	d.endLocked()
+	d.mu.Unlock()
+}
+
+// endLocked ends the current generation: its grants are lost, and its nodes
+// become orphans, deleted when the same session is back.
+func (d *Driver) endLocked() {
+	g := d.cur
+	if g == nil {
+		return
+	}
+	d.cur = nil
+	close(g.lost)
+	for p := range g.nodes {
+		d.orphans[p] = g.session
+	}
+}
+
+func (d *Driver) deleteOrphans(paths []string) {
+	defer d.wg.Done()
+	for _, p := range paths {
+		ctx, cancel := context.WithTimeout(d.closeCtx, d.opTimeout)
+		_, err := do(ctx, d, func() (struct{}, error) { return struct{}{}, d.conn.Delete(p, -1) }, nil)
+		cancel()
+		if err == nil || errors.Is(err, zk.ErrNoNode) {
+			d.mu.Lock()
+			delete(d.orphans, p)
+			d.mu.Unlock()
+		}
+	}
+}
+
+// Close ends pending calls and closes the session (the server deletes its
+// nodes at once). Closing twice returns nil.
+func (d *Driver) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	for _, x := range d.expiries {
+		x.timer.Stop()
+	}
+	d.mu.Unlock()
+	d.closeCancel()
+	d.conn.Close()
+	d.wg.Wait()
+	return nil
+}
+
+// do runs fn, a go-zookeeper call, and returns its result, or ctx's error
+// as soon as ctx ends. When the caller has gone and fn succeeded, undo (if
+// not nil) runs with fn's result, so that a node created too late is
+// deleted.
+func do[T any](ctx context.Context, d *Driver, fn func() (T, error), undo func(T)) (T, error) {
+	type result struct {
+		v   T
+		err error
+	}
+	ch := make(chan result, 1)
+	var mu sync.Mutex
+	abandoned := false
+	if !d.track() {
+		var zero T
+		return zero, driver.ErrClosed
+	}
+	go func() {
+		defer d.wg.Done()
+		v, err := fn()
+		mu.Lock()
+		gone := abandoned
+		mu.Unlock()
+		if gone {
+			if err == nil && undo != nil {
+				undo(v)
+			}
+			return
+		}
+		ch <- result{v, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.v, r.err
+	case <-ctx.Done():
+		mu.Lock()
+		abandoned = true
+		mu.Unlock()
+		select {
+		case r := <-ch: // it finished meanwhile
+			if r.err == nil && undo != nil {
+				undo(r.v)
+			}
+		default:
+		}
+		var zero T
+		return zero, ctx.Err()
+	}
+}
+
+// escapeKey percent-escapes every byte outside printable ASCII and "%",
+// "/" and ".", so an escaped key is a valid ZooKeeper path element (never
+// "." or "..", no "/", no character ZooKeeper rejects), escaping is
+// injective and a prefix of a key escapes to a prefix of its escape.
+func escapeKey(key string) string {
+	var b strings.Builder
+	for i := 0; i < len(key); i++ {
+		c := key[i]
+		if c <= 0x20 || c >= 0x7f || c == '%' || c == '/' || c == '.' {
+			fmt.Fprintf(&b, "%%%02X", c)
+			continue
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
+}
+
+func unescapeKey(s string) (string, error) { return url.PathUnescape(s) }
+
+func (d *Driver) dir(key string) string { return d.root + "/" + escapeKey(key) }
+
+// value is what a node stores.
+type value struct {
+	Holder string        `json:"holder,omitempty"`
+	TTL    time.Duration `json:"ttl"`
+}
+
+// seqOf returns the sequence number of a child name "<owner>-<seq>".
+func seqOf(name string) int64 {
+	i := strings.LastIndexByte(name, '-')
+	n, err := strconv.ParseInt(name[i+1:], 10, 64)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+func ownerOf(name string) string {
+	if i := strings.LastIndexByte(name, '-'); i >= 0 {
+		return name[:i]
+	}
+	return name
+}
+
+// sortChildren sorts children by sequence number.
+func sortChildren(children []string) {
+	sort.Slice(children, func(i, j int) bool { return seqOf(children[i]) < seqOf(children[j]) })
+}
+
+func grantKey(key, owner string) string { return key + "\x00" + owner }
+
+func storeErr(op, key string, err error) error {
+	switch {
+	case errors.Is(err, driver.ErrLeaseLost), errors.Is(err, driver.ErrNotAcquired), errors.Is(err, driver.ErrClosed),
+		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.Is(err, driver.ErrUnavailable):
+		return fmt.Errorf("zkdriver: %s %q: %w", op, key, err)
+	}
+	return fmt.Errorf("zkdriver: %s %q: %w: %w", op, key, driver.ErrUnavailable, err)
+}
+
+var errNoSession = fmt.Errorf("%w: no ZooKeeper session (disconnected)", driver.ErrUnavailable)
+
+// current returns the current generation, or nil.
+func (d *Driver) current() (*generation, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, driver.ErrClosed
+	}
+	if d.cur == nil {
+		return nil, errNoSession
+	}
+	return d.cur, nil
+}
+
+// enqueued is a node created by enqueue.
+type enqueued struct {
+	path     string
+	name     string
+	gen      *generation
+	stat     *zk.Stat // read right after the create
+	children []string // sorted, as listed right after the create
+}
+
+// enqueue creates req's ephemeral sequential node and lists the key's
+// children. On an error it has deleted the node, or left it to be deleted
+// (orphan).
+func (d *Driver) enqueue(ctx context.Context, req driver.AcquireRequest) (enqueued, error) {
+	gen, err := d.current()
+	if err != nil {
+		return enqueued{}, err
+	}
+	dir := d.dir(req.Key)
+	data, _ := json.Marshal(value{Holder: req.Holder, TTL: req.TTL})
+	var path string
+	for attempt := 0; ; attempt++ {
+		path, err = do(ctx, d, func() (string, error) {
+			return d.conn.Create(dir+"/"+req.Owner+"-", data, zk.FlagEphemeralSequential, zk.WorldACL(zk.PermAll))
+		}, func(p string) { d.deleteNode(p) })
+		if errors.Is(err, zk.ErrNoNode) && attempt < 3 {
+			// The key's container node is missing (never made, or
+			// deleted by the server when it became empty).
+			_, err = do(ctx, d, func() (string, error) {
+				return d.conn.CreateContainer(dir, nil, zk.FlagContainer, zk.WorldACL(zk.PermAll))
+			}, nil)
+			if err != nil && !errors.Is(err, zk.ErrNodeExists) {
+				return enqueued{}, err
+			}
+			continue
+		}
+		break
+	}
+	if err != nil {
+		// The create may have happened with its reply lost: the node
+		// (named by the owner token) is deleted when the session is back.
+		d.orphanByOwner(gen, dir, req.Owner)
+		return enqueued{}, err
+	}
+	e := enqueued{path: path, name: path[len(dir)+1:], gen: gen}
+	d.mu.Lock()
+	if d.cur != gen {
+		d.orphans[path] = gen.session
+		d.mu.Unlock()
+		return enqueued{}, fmt.Errorf("%w: session ended while creating the node", driver.ErrUnavailable)
+	}
+	gen.nodes[path] = struct{}{}
+	d.mu.Unlock()
+	// Read the node's stat (czxid: the fence) and list the queue in one
+	// round trip: go-zookeeper pipelines concurrent requests.
+	var serr error
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		e.stat, serr = d.exists(ctx, path)
+	}()
+	e.children, err = d.children(ctx, dir)
+	wg.Wait()
+	if err == nil {
+		err = serr
+	}
+	if err == nil && (e.stat == nil || e.stat.EphemeralOwner != gen.session) {
+		err = fmt.Errorf("%w: node %s is gone or not of this session", driver.ErrLeaseLost, path)
+	}
+	if err != nil {
+		d.dropNode(ctx, e)
+		return enqueued{}, err
+	}
+	return e, nil
+}
+
+// orphanByOwner deletes any node of owner under dir (an ambiguous create:
+// the node may exist with its reply lost). When the key cannot be listed
+// now, it is retried when gen's session is back.
+func (d *Driver) orphanByOwner(gen *generation, dir, owner string) {
+	if d.track() {
+		go d.deleteByOwner(dir, owner, gen.session)
+	}
+}
+
+// track adds a goroutine to the ones Close waits for, unless the driver is
+// closed.
+func (d *Driver) track() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return false
+	}
+	d.wg.Add(1)
+	return true
+}
+
+func (d *Driver) deleteByOwner(dir, owner string, session int64) {
+	defer d.wg.Done()
+	ctx, cancel := context.WithTimeout(d.closeCtx, d.opTimeout)
+	defer cancel()
+	children, err := d.children(ctx, dir)
+	if err != nil && !errors.Is(err, zk.ErrNoNode) {
+		d.mu.Lock()
+		if !d.closed {
+			d.suspects[[2]string{dir, owner}] = session
+		}
+		d.mu.Unlock()
+		return
+	}
+	for _, c := range children {
+		if ownerOf(c) == owner {
+			d.deleteNode(dir + "/" + c)
+		}
+	}
+}
+
+// deleteNode deletes a node of ours whose create was abandoned.
+func (d *Driver) deleteNode(p string) {
+	if err := d.conn.Delete(p, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
+		d.mu.Lock()
+		if d.cur != nil {
+			d.orphans[p] = d.cur.session
+		}
+		d.mu.Unlock()
+	}
+}
+
+// dropNode deletes e's node with a fresh bounded context; when that fails
+// it stays an orphan of its generation.
+func (d *Driver) dropNode(ctx context.Context, e enqueued) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.opTimeout)
+	defer cancel()
+	_, err := do(dctx, d, func() (struct{}, error) { return struct{}{}, d.conn.Delete(e.path, -1) }, nil)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err == nil || errors.Is(err, zk.ErrNoNode) {
+		delete(e.gen.nodes, e.path)
+		delete(d.orphans, e.path)
+		return
+	}
+	if d.cur != e.gen {
+		d.orphans[e.path] = e.gen.session
+	}
+}
+
+func (d *Driver) children(ctx context.Context, dir string) ([]string, error) {
+	children, err := do(ctx, d, func() ([]string, error) {
+		c, _, err := d.conn.Children(dir)
+		return c, err
+	}, nil)
+	if err != nil {
+		return nil, err
+	}
+	sortChildren(children)
+	return children, nil
+}
+
+// granted records the grant of e's node, which has the lowest sequence
+// number of its key.
+func (d *Driver) granted(ctx context.Context, req driver.AcquireRequest, e enqueued) (driver.Grant, error) {
+	d.mu.Lock()
+	if d.cur != e.gen {
+		d.mu.Unlock()
+		d.dropNode(ctx, e)
+		return driver.Grant{}, fmt.Errorf("%w: session ended while granting", driver.ErrUnavailable)
+	}
+	gk := grantKey(req.Key, req.Owner)
+	d.grants[gk] = grantInfo{path: e.path, czxid: e.stat.Czxid, version: e.stat.Version, gen: e.gen}
+	x := &expiry{until: time.Now().Add(req.TTL), path: e.path, version: e.stat.Version}
+	x.timer = time.AfterFunc(req.TTL, func() { d.expire(gk, x) })
+	d.expiries[gk] = x
+	d.mu.Unlock()
+	return driver.Grant{Fence: uint64(e.stat.Czxid), Lost: e.gen.lost}, nil
+}
+
+// expire runs when a grant's TTL has passed since its last confirmed
+// renewal: the root package has declared the lease lost by then (its
+// deadline is at most that, minus drift), so the node is deleted and the
+// key freed, as a store-side TTL would.
+func (d *Driver) expire(gk string, x *expiry) {
+	d.mu.Lock()
+	if d.expiries[gk] != x {
+		d.mu.Unlock()
+		return
+	}
+	if left := time.Until(x.until); left > 0 {
+		x.timer.Reset(left) // a renewal moved it
+		d.mu.Unlock()
+		return
+	}
+	delete(d.expiries, gk)
+	delete(d.grants, gk)
+	d.mu.Unlock()
+	if !d.track() {
+		return
+	}
+	defer d.wg.Done()
+	ctx, cancel := context.WithTimeout(d.closeCtx, d.opTimeout)
+	defer cancel()
+	_, _ = do(ctx, d, func() (struct{}, error) { return struct{}{}, d.conn.Delete(x.path, x.version) }, nil)
+}
+
+// exists returns the node's stat, or nil when it does not exist.
+func (d *Driver) exists(ctx context.Context, p string) (*zk.Stat, error) {
+	return do(ctx, d, func() (*zk.Stat, error) {
+		ok, stat, err := d.conn.Exists(p)
+		if err != nil || !ok {
+			return nil, err
+		}
+		return stat, nil
+	}, nil)
+}
+
+// TryAcquire creates req's node and keeps it only when it has the lowest
+// sequence number of the key; otherwise it deletes it and returns
+// driver.ErrNotAcquired.
+func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	e, err := d.enqueue(ctx, req)
+	if err != nil {
+		return driver.Grant{}, storeErr("acquire", req.Key, err)
+	}
+	if len(e.children) == 0 || e.children[0] != e.name {
+		d.dropNode(ctx, e)
+		return driver.Grant{}, storeErr("acquire", req.Key, driver.ErrNotAcquired)
+	}
+	g, err := d.granted(ctx, req, e)
+	if err != nil {
+		return driver.Grant{}, storeErr("acquire", req.Key, err)
+	}
+	return g, nil
+}
+
+// Wait creates req's node and waits, watching only the node just before
+// it, until it has the lowest sequence number of the key. It stops with an
+// error when the session (or the connection) is lost. When ctx ends it
+// deletes its node (with a fresh bounded context) and returns an error
+// matching ctx.Err().
+func (d *Driver) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(d.closeCtx, func() { cancel(driver.ErrClosed) })
+	defer stop()
+	octx, ocancel := context.WithTimeout(ctx, d.opTimeout)
+	e, err := d.enqueue(octx, req)
+	ocancel()
+	if err != nil {
+		return driver.Grant{}, d.waitErr(ctx, req.Key, err)
+	}
+	dir := d.dir(req.Key)
+	for {
+		idx := -1
+		for i, c := range e.children {
+			if c == e.name {
+				idx = i
+				break
+			}
+		}
+		if idx < 0 {
+			d.dropNode(ctx, e)
+			return driver.Grant{}, d.waitErr(ctx, req.Key, fmt.Errorf("%w: own node %s is gone", driver.ErrLeaseLost, e.path))
+		}
+		if idx == 0 {
+			g, err := d.granted(ctx, req, e)
+			if err != nil {
+				return driver.Grant{}, d.waitErr(ctx, req.Key, err)
+			}
+			return g, nil
+		}
+		pred := dir + "/" + e.children[idx-1]
+		octx, ocancel := context.WithTimeout(ctx, d.opTimeout)
+		watch, err := do(octx, d, func() (<-chan zk.Event, error) {
+			ok, _, ch, err := d.conn.ExistsW(pred)
+			if err == nil && !ok {
+				return nil, nil
+			}
+			return ch, err
+		}, nil)
+		ocancel()
+		if err != nil {
+			d.dropNode(ctx, e)
+			return driver.Grant{}, d.waitErr(ctx, req.Key, err)
+		}
+		if watch != nil {
+			select {
+			case ev := <-watch:
+				if ev.Type == zk.EventNodeDeleted && idx == 1 {
+					// The holder, the only node ahead, is gone; no node
+					// can be created ahead of this one.
+					g, err := d.granted(ctx, req, e)
+					if err != nil {
+						return driver.Grant{}, d.waitErr(ctx, req.Key, err)
+					}
+					return g, nil
+				}
+			case <-e.gen.lost:
+				d.dropNode(ctx, e)
+				return driver.Grant{}, d.waitErr(ctx, req.Key, fmt.Errorf("%w: ZooKeeper session lost while waiting", driver.ErrUnavailable))
+			case <-ctx.Done():
+				d.dropNode(ctx, e)
+				return driver.Grant{}, d.waitErr(ctx, req.Key, ctx.Err())
+			}
+		}
+		octx, ocancel = context.WithTimeout(ctx, d.opTimeout)
+		e.children, err = d.children(octx, dir)
+		ocancel()
+		if err != nil {
+			d.dropNode(ctx, e)
+			return driver.Grant{}, d.waitErr(ctx, req.Key, err)
+		}
+	}
+}
+
+func (d *Driver) waitErr(ctx context.Context, key string, err error) error {
+	if ctx.Err() != nil {
+		if cause := context.Cause(ctx); errors.Is(cause, driver.ErrClosed) {
+			return storeErr("wait", key, driver.ErrClosed)
+		}
+		return fmt.Errorf("zkdriver: wait %q: %w", key, ctx.Err())
+	}
+	return storeErr("wait", key, err)
+}
+
+// find returns owner's node on key: from the driver's grants, else by
+// listing the key's children (the node name starts with the owner token).
+// It returns "" when there is none.
+func (d *Driver) find(ctx context.Context, key, owner string) (string, grantInfo, bool, error) {
+	d.mu.Lock()
+	gi, ok := d.grants[grantKey(key, owner)]
+	d.mu.Unlock()
+	if ok {
+		return gi.path, gi, true, nil
+	}
+	dir := d.dir(key)
+	children, err := d.children(ctx, dir)
+	if errors.Is(err, zk.ErrNoNode) {
+		return "", grantInfo{}, false, nil
+	}
+	if err != nil {
+		return "", grantInfo{}, false, err
+	}
+	for _, c := range children {
+		if ownerOf(c) == owner {
+			return dir + "/" + c, grantInfo{}, false, nil
+		}
+	}
+	return "", grantInfo{}, false, nil
+}
+
+// owned checks that node p exists, belongs to the current session and (when
+// known) has the grant's czxid. It returns its stat or an error matching
+// driver.ErrLeaseLost.
+func (d *Driver) owned(ctx context.Context, p string, gi grantInfo, known bool) (*zk.Stat, error) {
+	if p == "" {
+		return nil, fmt.Errorf("%w: no node for this owner", driver.ErrLeaseLost)
+	}
+	gen, err := d.current()
+	if err != nil {
+		return nil, err
+	}
+	if known && gi.gen != gen {
+		return nil, fmt.Errorf("%w: the connection or session of the grant ended", driver.ErrLeaseLost)
+	}
+	stat, err := d.exists(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	if stat == nil {
+		return nil, fmt.Errorf("%w: node %s is gone", driver.ErrLeaseLost, p)
+	}
+	if stat.EphemeralOwner != gen.session || d.conn.SessionID() != gen.session {
+		return nil, fmt.Errorf("%w: node %s belongs to session %x, not the current %x", driver.ErrLeaseLost, p, stat.EphemeralOwner, gen.session)
+	}
+	if known && stat.Czxid != gi.czxid {
+		return nil, fmt.Errorf("%w: node %s was replaced", driver.ErrLeaseLost, p)
+	}
+	return stat, nil
+}
+
+// Renew checks that owner's node still exists and belongs to the current
+// session; the session, not ttl, keeps it alive. It returns
+// driver.ErrLeaseLost otherwise.
+func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration) error {
+	if _, err := d.current(); errors.Is(err, driver.ErrClosed) {
+		return storeErr("renew", key, err)
+	}
+	sent := time.Now()
+	p, gi, known, err := d.find(ctx, key, owner)
+	if err != nil {
+		return storeErr("renew", key, err)
+	}
+	if _, err := d.owned(ctx, p, gi, known); err != nil {
+		if errors.Is(err, driver.ErrLeaseLost) {
+			d.forget(key, owner)
+		}
+		return storeErr("renew", key, err)
+	}
+	if known {
+		gk := grantKey(key, owner)
+		d.mu.Lock()
+		x := d.expiries[gk]
+		if x == nil {
+			d.mu.Unlock()
+			return storeErr("renew", key, fmt.Errorf("%w: not renewed within its TTL", driver.ErrLeaseLost))
+		}
+		x.until = sent.Add(ttl)
+		d.mu.Unlock()
+	}
+	return nil
+}
+
+func (d *Driver) forget(key, owner string) {
+	gk := grantKey(key, owner)
+	d.mu.Lock()
+	delete(d.grants, gk)
+	if x := d.expiries[gk]; x != nil {
+		x.timer.Stop()
+		delete(d.expiries, gk)
+	}
+	d.mu.Unlock()
+}
+
+// Release deletes owner's node with the version it was read at, only when
+// it belongs to the current session. It returns driver.ErrLeaseLost when
+// there is no such node.
+func (d *Driver) Release(ctx context.Context, key, owner string) error {
+	if _, err := d.current(); errors.Is(err, driver.ErrClosed) {
+		return storeErr("release", key, err)
+	}
+	p, gi, known, err := d.find(ctx, key, owner)
+	if err != nil {
+		return storeErr("release", key, err)
+	}
+	var version int32
+	if gen, _ := d.current(); known && gen != nil && gi.gen == gen {
+		// A grant of this connected period of this session: the node at
+		// p (its name holds the owner token and a sequence number never
+		// reused) can only be ours; delete it with the version it was
+		// created with.
+		version = gi.version
+	} else {
+		stat, err := d.owned(ctx, p, gi, known)
+		if err != nil {
+			if errors.Is(err, driver.ErrLeaseLost) {
+				d.forget(key, owner)
+			}
+			return storeErr("release", key, err)
+		}
+		version = stat.Version
+	}
+	_, err = do(ctx, d, func() (struct{}, error) { return struct{}{}, d.conn.Delete(p, version) }, nil)
+	if errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) {
+		err = fmt.Errorf("%w: %w", driver.ErrLeaseLost, err)
+	}
+	if err == nil || errors.Is(err, driver.ErrLeaseLost) {
+		d.forget(key, owner)
+		d.mu.Lock()
+		if d.cur != nil {
+			delete(d.cur.nodes, p)
+		}
+		d.mu.Unlock()
+	}
+	if err != nil {
+		return storeErr("release", key, err)
+	}
+	return nil
+}
+
+// Inspect returns the holder of key (its lowest node) and the number of
+// waiters, or driver.ErrNotAcquired when the key is free. Remaining is zero:
+// ZooKeeper does not expose when a session would expire.
+func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, error) {
+	dir := d.dir(key)
+	for range 3 {
+		children, err := d.children(ctx, dir)
+		if errors.Is(err, zk.ErrNoNode) || (err == nil && len(children) == 0) {
+			return driver.HolderInfo{}, storeErr("inspect", key, driver.ErrNotAcquired)
+		}
+		if err != nil {
+			return driver.HolderInfo{}, storeErr("inspect", key, err)
+		}
+		type got struct {
+			data []byte
+			stat *zk.Stat
+		}
+		r, err := do(ctx, d, func() (got, error) {
+			data, stat, err := d.conn.Get(dir + "/" + children[0])
+			return got{data, stat}, err
+		}, nil)
+		if errors.Is(err, zk.ErrNoNode) {
+			continue // released meanwhile: list again
+		}
+		if err != nil {
+			return driver.HolderInfo{}, storeErr("inspect", key, err)
+		}
+		var v value
+		_ = json.Unmarshal(r.data, &v)
+		return driver.HolderInfo{Key: key, Fence: uint64(r.stat.Czxid), Holder: v.Holder, TTL: v.TTL, Waiters: len(children) - 1}, nil
+	}
+	return driver.HolderInfo{}, storeErr("inspect", key, fmt.Errorf("%w: the holder kept changing", driver.ErrUnavailable))
+}
+
+// List returns the held keys starting with prefix, sorted by key.
+func (d *Driver) List(ctx context.Context, prefix string) ([]driver.HolderInfo, error) {
+	dirs, err := do(ctx, d, func() ([]string, error) {
+		c, _, err := d.conn.Children(d.root)
+		return c, err
+	}, nil)
+	if err != nil {
+		return nil, storeErr("list", prefix, err)
+	}
+	esc := escapeKey(prefix)
+	var out []driver.HolderInfo
+	for _, name := range dirs {
+		if !strings.HasPrefix(name, esc) {
+			continue
+		}
+		key, err := unescapeKey(name)
+		if err != nil {
+			continue
+		}
+		info, err := d.Inspect(ctx, key)
+		if errors.Is(err, driver.ErrNotAcquired) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, info)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, nil
+}
+
+// SessionID returns the id of the current ZooKeeper session, or 0 while the
+// driver has no session (disconnected).
+func (d *Driver) SessionID() int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cur == nil {
+		return 0
+	}
+	return d.cur.session
+}
