@@ -1,7 +1,7 @@
 # dlock — common tasks. `make test` is the command CI runs.
 GO ?= go
 
-.PHONY: all build test test-deps vet fmt bench demo clean
+.PHONY: all build test test-deps vet fmt bench demo clean proto
 
 all: build
 
@@ -33,3 +33,15 @@ demo:
 
 clean:
 	rm -rf bin dlockd-data
+
+## proto: regenerate the committed dlockd API code from proto/dlock/v1/dlock.proto
+## (protoc from Debian's protobuf-compiler; the plugins from the module proxy).
+PROTOC_GEN_GO_VERSION ?= v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
+proto:
+	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+	PATH="$$($(GO) env GOPATH)/bin:$$PATH" protoc -I proto \
+		--go_out=. --go_opt=module=github.com/dlock-dev/dlock \
+		--go-grpc_out=. --go-grpc_opt=module=github.com/dlock-dev/dlock \
+		proto/dlock/v1/dlock.proto

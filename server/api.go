@@ -1,0 +1,222 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	dlockv1 "github.com/dlock-dev/dlock/proto/dlock/v1"
+)
+
+// api implements dlockv1.LockServer over the Server; the JSON handlers call
+// the same methods.
+type api struct {
+	dlockv1.UnimplementedLockServer
+	s *Server
+}
+
+func newGRPCServer(s *Server) *grpc.Server {
+	g := grpc.NewServer(
+		grpc.MaxRecvMsgSize(s.cfg.MaxRequestBytes),
+		// Static flow-control windows: no BDP ping probing on every
+		// connection, which costs a round of frames per burst of small
+		// messages.
+		grpc.InitialWindowSize(1<<20),
+		grpc.InitialConnWindowSize(1<<20),
+		// A pool of stream workers with grown stacks serves requests
+		// instead of a new goroutine each (measured about 2x the
+		// uncontended throughput on 2 cores). Long waits do not starve
+		// it: grpc-go starts a goroutine when every worker is busy.
+		grpc.NumStreamWorkers(uint32(8*runtime.GOMAXPROCS(0))),
+		// Ping idle connections so that a client that vanished without
+		// closing its connection is found within 40s: its waits are then
+		// cancelled and their queue entries removed.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.ChainUnaryInterceptor(s.metrics.unaryInterceptor),
+		grpc.ChainStreamInterceptor(s.metrics.streamInterceptor),
+	)
+	dlockv1.RegisterLockServer(g, &api{s: s})
+	return g
+}
+
+// dur converts a protobuf duration; nil is 0. A malformed or negative one
+// is an invalid TTL.
+func dur(d *durationpb.Duration) (time.Duration, error) {
+	if d == nil {
+		return 0, nil
+	}
+	if err := d.CheckValid(); err != nil || d.AsDuration() <= 0 {
+		return 0, apiErr(codes.InvalidArgument, ReasonInvalidTTL, "invalid TTL %v", d)
+	}
+	return d.AsDuration(), nil
+}
+
+func (a *api) acquireIn(req *dlockv1.AcquireRequest) (acquireIn, error) {
+	ttl, err := dur(req.GetTtl())
+	if err != nil {
+		return acquireIn{}, err
+	}
+	return acquireIn{key: req.GetKey(), owner: req.GetOwner(), holder: req.GetHolder(), session: req.GetSession(), ttl: ttl, wait: req.GetWait()}, nil
+}
+
+func grantPB(g acquireOut) *dlockv1.AcquireResponse {
+	return &dlockv1.AcquireResponse{Key: g.key, Owner: g.owner, Fence: g.fence, Ttl: durationpb.New(g.ttl)}
+}
+
+// Acquire implements dlockv1.LockServer.
+func (a *api) Acquire(ctx context.Context, req *dlockv1.AcquireRequest) (*dlockv1.AcquireResponse, error) {
+	in, err := a.acquireIn(req)
+	if err != nil {
+		return nil, err
+	}
+	g, err := a.s.acquire(ctx, in, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	return grantPB(g), nil
+}
+
+// Wait implements dlockv1.LockServer: see the proto.
+func (a *api) Wait(stream dlockv1.Lock_WaitServer) error {
+	req, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	in, err := a.acquireIn(req)
+	if err != nil {
+		return err
+	}
+	in.wait = true
+	cancel := make(chan struct{})
+	go func() { // any further message, a half-close or the stream's end cancels
+		_, _ = stream.Recv()
+		close(cancel)
+	}()
+	g, err := a.s.acquire(stream.Context(), in, cancel, func(pos int) {
+		_ = stream.Send(&dlockv1.WaitEvent{Type: dlockv1.WaitEvent_QUEUED, Position: uint32(min(pos, 1<<31))})
+	})
+	if errors.Is(err, errWaitCancelled) {
+		return stream.Send(&dlockv1.WaitEvent{Type: dlockv1.WaitEvent_CANCELLED})
+	}
+	if err != nil {
+		return err
+	}
+	return stream.Send(&dlockv1.WaitEvent{Type: dlockv1.WaitEvent_GRANTED, Grant: grantPB(g)})
+}
+
+// Renew implements dlockv1.LockServer.
+func (a *api) Renew(ctx context.Context, req *dlockv1.RenewRequest) (*dlockv1.RenewResponse, error) {
+	items := make([]renewIn, len(req.GetItems()))
+	for i, it := range req.GetItems() {
+		ttl, err := dur(it.GetTtl())
+		if err != nil {
+			return nil, err
+		}
+		items[i] = renewIn{key: it.GetKey(), owner: it.GetOwner(), ttl: ttl}
+	}
+	ok, err := a.s.renew(items)
+	if err != nil {
+		return nil, err
+	}
+	resp := &dlockv1.RenewResponse{Results: make([]*dlockv1.RenewResult, len(items))}
+	for i, it := range items {
+		r := &dlockv1.RenewResult{Key: it.key, Owner: it.owner, Ok: ok[i]}
+		if !ok[i] {
+			r.Reason = ReasonLeaseLost
+		}
+		resp.Results[i] = r
+	}
+	return resp, nil
+}
+
+// Release implements dlockv1.LockServer.
+func (a *api) Release(ctx context.Context, req *dlockv1.ReleaseRequest) (*dlockv1.ReleaseResponse, error) {
+	next, err := a.s.release(req.GetKey(), req.GetOwner())
+	if err != nil {
+		return nil, err
+	}
+	return &dlockv1.ReleaseResponse{NextFence: next}, nil
+}
+
+// CancelWait implements dlockv1.LockServer.
+func (a *api) CancelWait(ctx context.Context, req *dlockv1.CancelWaitRequest) (*dlockv1.CancelWaitResponse, error) {
+	r, err := a.s.cancelWait(req.GetKey(), req.GetOwner())
+	if err != nil {
+		return nil, err
+	}
+	return &dlockv1.CancelWaitResponse{Dequeued: r.dequeued, Released: r.released}, nil
+}
+
+// CheckFence implements dlockv1.LockServer.
+func (a *api) CheckFence(ctx context.Context, req *dlockv1.CheckFenceRequest) (*dlockv1.CheckFenceResponse, error) {
+	cur, fence, err := a.s.checkFence(req.GetKey(), req.GetFence())
+	if err != nil {
+		return nil, err
+	}
+	return &dlockv1.CheckFenceResponse{Current: cur, CurrentFence: fence}, nil
+}
+
+func holderPB(h holderOut) *dlockv1.HolderInfo {
+	p := &dlockv1.HolderInfo{Key: h.key, Fence: h.fence, Holder: h.holder, Ttl: durationpb.New(h.ttl), Waiters: uint32(min(h.waiters, 1<<31))}
+	if h.hasRemaining {
+		p.Remaining = durationpb.New(h.remaining)
+	}
+	return p
+}
+
+// Inspect implements dlockv1.LockServer.
+func (a *api) Inspect(ctx context.Context, req *dlockv1.InspectRequest) (*dlockv1.InspectResponse, error) {
+	h, held, err := a.s.inspect(req.GetKey())
+	if err != nil {
+		return nil, err
+	}
+	if !held {
+		return &dlockv1.InspectResponse{}, nil
+	}
+	return &dlockv1.InspectResponse{Held: true, Info: holderPB(h), Waiters: uint32(min(h.waiters, 1<<31))}, nil
+}
+
+// List implements dlockv1.LockServer.
+func (a *api) List(ctx context.Context, req *dlockv1.ListRequest) (*dlockv1.ListResponse, error) {
+	hs, err := a.s.list(req.GetPrefix(), int(req.GetLimit()))
+	if err != nil {
+		return nil, err
+	}
+	resp := &dlockv1.ListResponse{Holders: make([]*dlockv1.HolderInfo, len(hs))}
+	for i, h := range hs {
+		resp.Holders[i] = holderPB(h)
+	}
+	return resp, nil
+}
+
+// Watch implements dlockv1.LockServer.
+func (a *api) Watch(req *dlockv1.WatchRequest, stream dlockv1.Lock_WatchServer) error {
+	if err := checkToken("session", req.GetSession()); err != nil {
+		return err
+	}
+	sub := a.s.sessions.subscribe(req.GetSession())
+	defer a.s.sessions.unsubscribe(req.GetSession(), sub)
+	if err := stream.Send(&dlockv1.WatchEvent{Type: dlockv1.WatchEvent_READY}); err != nil {
+		return err
+	}
+	for {
+		select {
+		case ev := <-sub.ch:
+			if err := stream.Send(&dlockv1.WatchEvent{Type: dlockv1.WatchEvent_LOST, Key: ev.key, Owner: ev.owner, Fence: ev.fence}); err != nil {
+				return err
+			}
+		case <-stream.Context().Done():
+			return stream.Context().Err()
+		case <-a.s.closing:
+			return status.Error(codes.Unavailable, "dlockd: shutting down (SHUTTING_DOWN)")
+		}
+	}
+}

@@ -1,0 +1,433 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Reasons carried by API errors, next to the gRPC code, so that clients can
+// tell answers apart without parsing messages.
+const (
+	ReasonInvalidKey     = "INVALID_KEY"
+	ReasonInvalidTTL     = "INVALID_TTL"
+	ReasonInvalidOwner   = "INVALID_OWNER"
+	ReasonInvalidRequest = "INVALID_REQUEST"
+	ReasonLockHeld       = "LOCK_HELD"
+	ReasonLeaseLost      = "LEASE_LOST"
+	ReasonTooManyWaiters = "TOO_MANY_WAITERS"
+	ReasonTooManyLeases  = "TOO_MANY_LEASES"
+	ReasonTooLarge       = "REQUEST_TOO_LARGE"
+	ReasonDuplicateWait  = "DUPLICATE_WAIT"
+	ReasonNotLeader      = "NOT_LEADER"
+	ReasonShuttingDown   = "SHUTTING_DOWN"
+	ReasonCancelled      = "CANCELLED"
+	ReasonInternal       = "INTERNAL"
+)
+
+// apiError is an answer of the API: a gRPC code, a reason and a message.
+type apiError struct {
+	code   codes.Code
+	reason string
+	msg    string
+}
+
+func (e *apiError) Error() string { return "dlockd: " + e.msg + " (" + e.reason + ")" }
+
+// GRPCStatus lets grpc-go send the code.
+func (e *apiError) GRPCStatus() *status.Status { return status.New(e.code, e.Error()) }
+
+func apiErr(code codes.Code, reason, format string, a ...any) error {
+	return &apiError{code: code, reason: reason, msg: fmt.Sprintf(format, a...)}
+}
+
+// ctxErr turns a context's end into an API error matching the gRPC code.
+func ctxErr(ctx context.Context) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return &apiError{code: codes.DeadlineExceeded, reason: ReasonCancelled, msg: "deadline exceeded"}
+	}
+	return &apiError{code: codes.Canceled, reason: ReasonCancelled, msg: "cancelled"}
+}
+
+func (s *Server) checkKey(key string) error {
+	switch {
+	case len(key) == 0:
+		return apiErr(codes.InvalidArgument, ReasonInvalidKey, "invalid key: empty")
+	case len(key) > s.cfg.MaxKeyBytes:
+		return apiErr(codes.InvalidArgument, ReasonInvalidKey, "invalid key: %d bytes > %d", len(key), s.cfg.MaxKeyBytes)
+	case !utf8.ValidString(key):
+		return apiErr(codes.InvalidArgument, ReasonInvalidKey, "invalid key: not valid UTF-8")
+	case strings.IndexByte(key, 0) >= 0:
+		return apiErr(codes.InvalidArgument, ReasonInvalidKey, "invalid key: contains NUL")
+	}
+	return nil
+}
+
+// checkToken validates an owner token or session: 1 to 128 bytes of
+// printable ASCII without spaces.
+func checkToken(what, t string) error {
+	if len(t) == 0 || len(t) > 128 {
+		return apiErr(codes.InvalidArgument, ReasonInvalidOwner, "invalid %s: %d bytes, want 1 to 128", what, len(t))
+	}
+	for i := 0; i < len(t); i++ {
+		if t[i] < 0x21 || t[i] > 0x7e {
+			return apiErr(codes.InvalidArgument, ReasonInvalidOwner, "invalid %s: byte %d is not printable ASCII", what, i)
+		}
+	}
+	return nil
+}
+
+// ttlOrDefault validates a TTL; zero (unset) means def.
+func (s *Server) ttlOrDefault(ttl, def time.Duration) (time.Duration, error) {
+	if ttl == 0 {
+		return def, nil
+	}
+	if ttl < s.cfg.MinTTL || ttl > s.cfg.MaxTTL {
+		return 0, apiErr(codes.InvalidArgument, ReasonInvalidTTL, "invalid TTL %v: outside [%v, %v]", ttl, s.cfg.MinTTL, s.cfg.MaxTTL)
+	}
+	return ttl, nil
+}
+
+// raftErr maps a Raft error to an API error.
+func (s *Server) raftErr(err error) error {
+	switch {
+	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, raft.ErrLeadershipTransferInProgress):
+		leader, _ := s.raft.LeaderWithID()
+		return apiErr(codes.Unavailable, ReasonNotLeader, "not the leader (leader: %q): %v", leader, err)
+	case errors.Is(err, raft.ErrRaftShutdown):
+		return apiErr(codes.Unavailable, ReasonShuttingDown, "shutting down")
+	default:
+		return apiErr(codes.Unavailable, ReasonNotLeader, "raft: %v", err)
+	}
+}
+
+// writable returns nil when the node serves writes.
+func (s *Server) writable() error {
+	select {
+	case <-s.closing:
+		return apiErr(codes.Unavailable, ReasonShuttingDown, "shutting down")
+	default:
+	}
+	if !s.ready.Load() {
+		leader, _ := s.raft.LeaderWithID()
+		return apiErr(codes.Unavailable, ReasonNotLeader, "not ready: not the leader or catching up (leader: %q)", leader)
+	}
+	return nil
+}
+
+// propose commits c through Raft and returns its result.
+func (s *Server) propose(c *command) (applyResult, error) {
+	start := time.Now()
+	f := s.raft.Apply(c.encode(), s.cfg.ApplyTimeout)
+	if err := f.Error(); err != nil {
+		return applyResult{}, s.raftErr(err)
+	}
+	s.metrics.applySeconds.Observe(time.Since(start).Seconds())
+	r, ok := f.Response().(applyResult)
+	if !ok || r.code == resBadCommand {
+		return applyResult{}, apiErr(codes.Internal, ReasonInternal, "command not applied")
+	}
+	return r, nil
+}
+
+// acquireIn is one acquisition request, validated by acquire.
+type acquireIn struct {
+	key, owner, holder, session string
+	ttl                         time.Duration
+	wait                        bool
+}
+
+// acquireOut is a grant.
+type acquireOut struct {
+	key, owner string
+	fence      uint64
+	ttl        time.Duration
+}
+
+// errWaitCancelled is returned by acquire when the client cancelled the
+// wait through the cancel channel; nothing is left on the server.
+var errWaitCancelled = apiErr(codes.Canceled, ReasonCancelled, "wait cancelled by the client")
+
+// acquire grants in.key to in.owner, or queues and waits when in.wait. The
+// wait ends with the grant, or with ctx, cancel or shutdown; in these cases
+// the queue entry (or a grant that raced) is removed before it returns.
+// onQueued, when not nil, is called once with the queue position.
+func (s *Server) acquire(ctx context.Context, in acquireIn, cancel <-chan struct{}, onQueued func(int)) (acquireOut, error) {
+	var err error
+	if err = s.checkKey(in.key); err != nil {
+		return acquireOut{}, err
+	}
+	if in.ttl, err = s.ttlOrDefault(in.ttl, s.cfg.DefaultTTL); err != nil {
+		return acquireOut{}, err
+	}
+	if in.owner == "" {
+		in.owner = newToken()
+	} else if err = checkToken("owner", in.owner); err != nil {
+		return acquireOut{}, err
+	}
+	if in.session != "" {
+		if err = checkToken("session", in.session); err != nil {
+			return acquireOut{}, err
+		}
+	}
+	if len(in.holder) > 256 || !utf8.ValidString(in.holder) {
+		return acquireOut{}, apiErr(codes.InvalidArgument, ReasonInvalidRequest, "invalid holder: more than 256 bytes or not UTF-8")
+	}
+	if err = s.writable(); err != nil {
+		return acquireOut{}, err
+	}
+	ko := keyOwner{in.key, in.owner}
+	var w *waitEntry
+	if in.wait {
+		var ok bool
+		if w, ok = s.waits.add(ko); !ok {
+			return acquireOut{}, apiErr(codes.AlreadyExists, ReasonDuplicateWait, "acquire %q: owner is already waiting", in.key)
+		}
+		defer s.waits.remove(ko, w)
+	}
+	r, err := s.propose(&command{
+		op: opAcquire, key: in.key, owner: in.owner, holder: in.holder, session: in.session,
+		ttl: in.ttl, wait: in.wait,
+		maxWaiters: uint64(s.cfg.MaxWaitersPerKey), maxLeases: uint64(s.cfg.MaxLeases),
+	})
+	if err != nil {
+		return acquireOut{}, err
+	}
+	out := acquireOut{key: in.key, owner: in.owner, ttl: in.ttl}
+	switch r.code {
+	case resGranted:
+		if ctx.Err() != nil { // nobody will hear of the grant: leave nothing behind
+			s.undo(ko)
+			return acquireOut{}, ctxErr(ctx)
+		}
+		out.fence = r.fence
+		return out, nil
+	case resHeld:
+		return acquireOut{}, apiErr(codes.FailedPrecondition, ReasonLockHeld, "acquire %q: lock held", in.key)
+	case resTooManyWaiters:
+		return acquireOut{}, apiErr(codes.ResourceExhausted, ReasonTooManyWaiters, "acquire %q: %d waiters already queued", in.key, s.cfg.MaxWaitersPerKey)
+	case resTooManyLeases:
+		return acquireOut{}, apiErr(codes.ResourceExhausted, ReasonTooManyLeases, "acquire %q: server holds its maximum of %d leases", in.key, s.cfg.MaxLeases)
+	case resQueued:
+	default:
+		return acquireOut{}, apiErr(codes.Internal, ReasonInternal, "acquire %q: unexpected result %d", in.key, r.code)
+	}
+	if onQueued != nil {
+		onQueued(r.position)
+	}
+	var why error
+	select {
+	case fence := <-w.ch:
+		if ctx.Err() == nil {
+			out.fence = fence
+			return out, nil
+		}
+		why = ctxErr(ctx)
+	case <-ctx.Done():
+		why = ctxErr(ctx)
+	case <-cancel:
+		why = errWaitCancelled
+	case <-s.closing:
+		why = apiErr(codes.Unavailable, ReasonShuttingDown, "acquire %q: server shutting down", in.key)
+	}
+	if err := s.undo(ko); err != nil {
+		return acquireOut{}, errors.Join(why, err)
+	}
+	return acquireOut{}, why
+}
+
+// undo removes owner's queue entry on key, or releases its grant that raced
+// a cancellation.
+func (s *Server) undo(ko keyOwner) error {
+	_, err := s.propose(&command{op: opCancelWait, key: ko.key, owner: ko.owner})
+	return err
+}
+
+// release ends owner's grant on key and returns the fence handed to the next
+// waiter (0 when none).
+func (s *Server) release(key, owner string) (uint64, error) {
+	if err := s.checkKey(key); err != nil {
+		return 0, err
+	}
+	if err := checkToken("owner", owner); err != nil {
+		return 0, err
+	}
+	if err := s.writable(); err != nil {
+		return 0, err
+	}
+	r, err := s.propose(&command{op: opRelease, key: key, owner: owner})
+	if err != nil {
+		return 0, err
+	}
+	if r.code == resLost {
+		return 0, apiErr(codes.NotFound, ReasonLeaseLost, "release %q: not the holder", key)
+	}
+	return r.fence, nil
+}
+
+// cancelWait is undo as an API call.
+func (s *Server) cancelWait(key, owner string) (applyResult, error) {
+	if err := s.checkKey(key); err != nil {
+		return applyResult{}, err
+	}
+	if err := checkToken("owner", owner); err != nil {
+		return applyResult{}, err
+	}
+	if err := s.writable(); err != nil {
+		return applyResult{}, err
+	}
+	return s.propose(&command{op: opCancelWait, key: key, owner: owner})
+}
+
+// renewIn is one renewal.
+type renewIn struct {
+	key, owner string
+	ttl        time.Duration // 0: keep
+}
+
+// renew extends each grant to a full TTL, all or nothing on validation: an
+// invalid item fails the whole request and changes nothing. The result
+// slice tells, per item, whether it was renewed (false: lease lost).
+//
+// Renewals whose TTL is unchanged only move this leader's in-memory
+// deadline, after VerifyLeader confirmed that a quorum still follows it;
+// see the package doc.
+func (s *Server) renew(items []renewIn) ([]bool, error) {
+	if len(items) > s.cfg.MaxRenewBatch {
+		return nil, apiErr(codes.ResourceExhausted, ReasonTooLarge, "renew: %d items > %d", len(items), s.cfg.MaxRenewBatch)
+	}
+	for i := range items {
+		it := &items[i]
+		if err := s.checkKey(it.key); err != nil {
+			return nil, err
+		}
+		if err := checkToken("owner", it.owner); err != nil {
+			return nil, err
+		}
+		if it.ttl != 0 {
+			if _, err := s.ttlOrDefault(it.ttl, 0); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := s.writable(); err != nil {
+		return nil, err
+	}
+	if err := s.raft.VerifyLeader().Error(); err != nil {
+		return nil, s.raftErr(err)
+	}
+	now := time.Now()
+	ok := make([]bool, len(items))
+	for i, it := range items {
+		switch s.clock.renew(it.key, it.owner, it.ttl, now) {
+		case renewOK:
+			ok[i] = true
+		case renewNeedsLog:
+			r, err := s.propose(&command{op: opSetTTL, key: it.key, owner: it.owner, ttl: it.ttl})
+			if err != nil {
+				return nil, err
+			}
+			ok[i] = r.code == resOK
+		}
+	}
+	return ok, nil
+}
+
+// readBarrier makes a following read of the FSM linearizable: this node is
+// still the leader, and everything committed before the call is applied.
+func (s *Server) readBarrier() error {
+	if err := s.writable(); err != nil {
+		return err
+	}
+	if err := s.raft.VerifyLeader().Error(); err != nil {
+		return s.raftErr(err)
+	}
+	target := s.raft.CommitIndex()
+	if applied, _ := s.fsm.appliedIndex(); applied >= target {
+		return nil
+	}
+	if err := s.raft.Barrier(s.cfg.ApplyTimeout).Error(); err != nil {
+		return s.raftErr(err)
+	}
+	return nil
+}
+
+// holderOut describes one grant.
+type holderOut struct {
+	key          string
+	fence        uint64
+	holder       string
+	ttl          time.Duration
+	remaining    time.Duration
+	hasRemaining bool
+	waiters      int
+}
+
+func (s *Server) describe(v holderView) holderOut {
+	h := holderOut{key: v.key, fence: v.grant.fence, holder: v.grant.holder, ttl: v.grant.ttl, waiters: v.waiters}
+	h.remaining, h.hasRemaining = s.clock.remaining(v.key, v.grant.fence)
+	return h
+}
+
+// inspect describes key's grant; held is false when the key is free.
+func (s *Server) inspect(key string) (holderOut, bool, error) {
+	if err := s.checkKey(key); err != nil {
+		return holderOut{}, false, err
+	}
+	if err := s.readBarrier(); err != nil {
+		return holderOut{}, false, err
+	}
+	v, ok := s.fsm.get(key)
+	if !ok {
+		return holderOut{key: key}, false, nil
+	}
+	return s.describe(v), true, nil
+}
+
+// list describes up to limit held keys starting with prefix, sorted.
+func (s *Server) list(prefix string, limit int) ([]holderOut, error) {
+	if len(prefix) > s.cfg.MaxKeyBytes || !utf8.ValidString(prefix) {
+		return nil, apiErr(codes.InvalidArgument, ReasonInvalidKey, "invalid prefix")
+	}
+	if limit <= 0 {
+		limit = min(1000, s.cfg.MaxListLimit)
+	}
+	if limit > s.cfg.MaxListLimit {
+		return nil, apiErr(codes.InvalidArgument, ReasonInvalidRequest, "list limit %d > %d", limit, s.cfg.MaxListLimit)
+	}
+	if err := s.readBarrier(); err != nil {
+		return nil, err
+	}
+	vs := s.fsm.list(prefix, limit)
+	out := make([]holderOut, len(vs))
+	for i, v := range vs {
+		out[i] = s.describe(v)
+	}
+	return out, nil
+}
+
+// checkFence says whether fence is key's current grant, and returns the
+// current fence (0 when free).
+func (s *Server) checkFence(key string, fence uint64) (bool, uint64, error) {
+	if err := s.checkKey(key); err != nil {
+		return false, 0, err
+	}
+	if fence == 0 {
+		return false, 0, apiErr(codes.InvalidArgument, ReasonInvalidRequest, "check fence %q: fence 0 is never issued", key)
+	}
+	if err := s.readBarrier(); err != nil {
+		return false, 0, err
+	}
+	v, ok := s.fsm.get(key)
+	if !ok {
+		return false, 0, nil
+	}
+	return v.grant.fence == fence, v.grant.fence, nil
+}

@@ -1,0 +1,120 @@
+// Package server is dlockd, the dlock lock server, as a library: a lock
+// table replicated by hashicorp/raft and served over gRPC and JSON over HTTP
+// on one port. cmd/dlockd is a thin main around it; a Go program can embed a
+// node in-process with New, Start and Shutdown.
+//
+//	srv, err := server.New(server.DefaultConfig()) // 127.0.0.1:7450, ./dlockd-data
+//	if err != nil { ... }
+//	if err := srv.Start(); err != nil { ... }
+//	defer srv.Close()
+//
+// Clients reach it as dlockd://127.0.0.1:7450 with package
+// drivers/dlockddriver, or with curl:
+//
+//	curl -d '{"key":"k","ttl":"30s"}' localhost:7450/v1/acquire
+//
+// # State machine
+//
+// The lock table (per key: holder, owner token, fence, TTL, holder text,
+// FIFO queue of waiters) is the Raft FSM. Apply is deterministic: it reads no
+// clock, no randomness and does no I/O; limits it enforces (waiters per key,
+// leases per server) travel inside each command. The whole table is
+// snapshotted and restored. The log and stable store are a bbolt file
+// (hashicorp/raft-boltdb/v2) in Config.DataDir, fsynced on every batch;
+// snapshots are files in the same directory.
+//
+// The fence of a grant is the Raft log index of the entry that made it, so
+// fences are globally increasing, never reused, and survive restarts.
+//
+// A release, an expiry or a cancelled grant hands the key to the head waiter
+// in the same log entry, and the waiter's request is answered when that entry
+// is applied: no polling, no herd, FIFO.
+//
+// # Expiry
+//
+// Each node keeps, outside the FSM, a countdown per held key on its
+// monotonic clock, started when the grant is applied. Only the leader acts on
+// it: when a countdown runs out it proposes an "expire key K owner O" entry,
+// which the FSM applies only if O still holds K. When a node becomes leader
+// (including a single node after a restart) it first applies its whole log,
+// then restarts every countdown at its grant's full TTL: expiry can come late,
+// never early.
+//
+// # Renewals and the leader's lease
+//
+// Renewals do not go through the log: a renewal moves only the leader's
+// in-memory countdown. This is safe because of the following argument.
+//
+//  1. A client computes its validity as sent + TTL − drift, where sent is
+//     when it sent the renewal (or the acquisition) request.
+//  2. The leader acknowledges a renewal only after raft's VerifyLeader has
+//     confirmed, after the request arrived, that a quorum still follows it,
+//     and then sets the countdown to now + TTL, with now later than sent.
+//  3. A follower that acknowledged the leader (the quorum of step 2) does
+//     not vote for another candidate until it has heard nothing from the
+//     leader for its heartbeat timeout; hashicorp/raft's LeaderLeaseTimeout
+//     (at most the heartbeat timeout, checked by Config.Validate) makes a
+//     leader that lost its quorum step down before any election can succeed.
+//     So any new leader is elected after the moment of step 2.
+//  4. A new leader restarts every countdown at the full TTL from its
+//     election, so it expires the grant no earlier than
+//     election + TTL > (moment of step 2) + TTL > sent + TTL, which is after
+//     the client's validity ends.
+//  5. A deposed leader may still hold a longer countdown, but it cannot
+//     commit the expire entry (nor anything else) without a quorum.
+//
+// Hence no leader ever expires a grant that its holder may still believe
+// valid. A renewal that changes the TTL goes through the log, so that a new
+// leader restarts the countdown with the new TTL. For a single node, step 2
+// is immediate (VerifyLeader answers at once with a quorum of one) and step 3
+// is moot. The partitioned-old-leader case needs a cluster, which arrives with
+// the multi-node issue; it is not tested yet.
+//
+// # Reads
+//
+// Inspect, List and CheckFence are linearizable: the leader verifies its
+// leadership, then waits until its FSM has applied everything committed
+// before the read (with a Raft barrier when it is behind).
+//
+// CheckFence answers Chubby's sequencer check, "is fence F the current grant
+// of key K". It is weaker than a resource that stores the greatest fence it
+// has seen (package fence): the grant can end right after the answer.
+//
+// # Waiters
+//
+// A waiter's queue entry lives in the FSM; its request waits on this node.
+// When the request's context ends (the client cancelled, disconnected, or
+// half-closed its Wait stream) the server proposes a cancel entry that
+// removes the queue entry, or releases the grant if the key was handed to the
+// waiter in the meantime. A client that vanished without closing its
+// connection is found by gRPC keepalive pings within about 40 seconds (an
+// HTTP client, when its connection breaks). A new leader removes the queue
+// entries of clients
+// that are not connected to it (after a restart: all of them). A failed
+// cancel (the node lost leadership at that moment) leaves a grant that
+// expires after its TTL.
+//
+// # Group commit
+//
+// Every request is one Raft entry; concurrent requests share one log write
+// and one fsync: raft's BatchApplyCh collects up to Config.MaxAppendEntries
+// proposals per disk write, and the FSM applies them as one batch
+// (raft.BatchingFSM). A request waits for no disk write but its own batch's.
+//
+// # API, limits and errors
+//
+// The service is proto/dlock/v1/dlock.proto. gRPC and HTTP/1.1 share the
+// port: a connection that starts with the HTTP/2 preface goes to the gRPC
+// server, anything else to the HTTP server (JSON routes under /v1/, /healthz,
+// /readyz, /metrics). Errors are gRPC codes with a reason (INVALID_ARGUMENT
+// 400, FAILED_PRECONDITION 409 for a held lock, NOT_FOUND 404 for a lost
+// lease, RESOURCE_EXHAUSTED 429 or 413 for limits, UNAVAILABLE 503 when not
+// the leader or shutting down). A request is validated whole before any
+// proposal, so a malformed request never changes the state.
+//
+// # Transport
+//
+// Raft runs over raft.NewTCPTransport on Config.RaftBind (default
+// 127.0.0.1:7451), also for a single node, so that the same code path will
+// carry a cluster. Only a single voter is supported in this version.
+package server

@@ -1,0 +1,533 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"go.etcd.io/bbolt"
+	"google.golang.org/grpc"
+
+	dlockv1 "github.com/dlock-dev/dlock/proto/dlock/v1"
+)
+
+// ErrServerClosed is returned by Start on a server that was shut down.
+var ErrServerClosed = errors.New("dlockd: server closed")
+
+// Server is one dlockd node: the Raft-replicated lock table and its gRPC and
+// JSON-over-HTTP API on one port. Create it with New, then Start it; stop it
+// with Shutdown or Close.
+type Server struct {
+	cfg Config
+	log *slog.Logger
+
+	fsm      *fsm
+	clock    *leaseClock
+	waits    waitRegistry
+	sessions sessionHub
+	metrics  *metrics
+
+	raft      *raft.Raft
+	transport *raft.NetworkTransport
+	store     *raftboltdb.BoltStore
+
+	ln      net.Listener
+	mux     *connMux
+	grpcSrv *grpc.Server
+	httpSrv *http.Server
+
+	ready   atomic.Bool   // leader, caught up and purged: serving writes
+	closing chan struct{} // closed when Shutdown starts: waits give up
+	stopCh  chan struct{} // closed to stop the background loops
+	loops   sync.WaitGroup
+	serving sync.WaitGroup
+
+	mu       sync.Mutex // guards started, stopped
+	started  bool
+	stopped  bool
+	stopErr  error
+	stopDone chan struct{}
+}
+
+// New validates cfg and returns a server that is not yet started.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Server{
+		cfg:      cfg,
+		log:      log,
+		clock:    newLeaseClock(time.Now),
+		closing:  make(chan struct{}),
+		stopCh:   make(chan struct{}),
+		stopDone: make(chan struct{}),
+	}
+	s.waits.m = make(map[keyOwner]*waitEntry)
+	s.sessions.subs = make(map[string]map[*subscriber]struct{})
+	s.fsm = newFSM(s)
+	s.metrics = newMetrics(s)
+	return s, nil
+}
+
+// Start opens the data directory, starts Raft (bootstrapping a single voter
+// on first start), listens on Config.Listen and serves. It returns once the
+// port is listening; use WaitReady to wait for leadership.
+func (s *Server) Start() (err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return ErrServerClosed
+	}
+	if s.started {
+		return errors.New("dlockd: server already started")
+	}
+	s.started = true
+	defer func() {
+		if err != nil {
+			s.teardown()
+		}
+	}()
+	if err := os.MkdirAll(s.cfg.DataDir, 0o750); err != nil {
+		return fmt.Errorf("dlockd: data dir: %w", err)
+	}
+	rlog := s.raftLogger()
+
+	s.store, err = raftboltdb.New(raftboltdb.Options{
+		Path:        filepath.Join(s.cfg.DataDir, "raft.db"),
+		NoSync:      s.cfg.NoSync,
+		BoltOptions: &bbolt.Options{Timeout: 2 * time.Second, NoSync: s.cfg.NoSync, NoFreelistSync: true, FreelistType: bbolt.FreelistMapType},
+	})
+	if err != nil {
+		return fmt.Errorf("dlockd: open raft log in %s (is another dlockd using it?): %w", s.cfg.DataDir, err)
+	}
+	logs, err := raft.NewLogCache(4096, s.store)
+	if err != nil {
+		return fmt.Errorf("dlockd: log cache: %w", err)
+	}
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(s.cfg.DataDir, 2, rlog)
+	if err != nil {
+		return fmt.Errorf("dlockd: snapshot store: %w", err)
+	}
+	var adv net.Addr
+	if s.cfg.RaftAdvertise != "" {
+		if adv, err = net.ResolveTCPAddr("tcp", s.cfg.RaftAdvertise); err != nil {
+			return fmt.Errorf("dlockd: raft advertise address: %w", err)
+		}
+	}
+	s.transport, err = raft.NewTCPTransportWithLogger(s.cfg.RaftBind, adv, 3, 10*time.Second, rlog)
+	if err != nil {
+		return fmt.Errorf("dlockd: raft transport on %s: %w", s.cfg.RaftBind, err)
+	}
+
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(s.cfg.NodeID)
+	rc.HeartbeatTimeout = s.cfg.HeartbeatTimeout
+	rc.ElectionTimeout = s.cfg.ElectionTimeout
+	rc.LeaderLeaseTimeout = s.cfg.LeaderLeaseTimeout
+	rc.CommitTimeout = s.cfg.CommitTimeout
+	rc.MaxAppendEntries = s.cfg.MaxAppendEntries
+	rc.BatchApplyCh = true
+	rc.SnapshotInterval = s.cfg.SnapshotInterval
+	rc.SnapshotThreshold = s.cfg.SnapshotThreshold
+	rc.TrailingLogs = s.cfg.TrailingLogs
+	rc.Logger = rlog
+	if err := raft.ValidateConfig(rc); err != nil {
+		return fmt.Errorf("dlockd: raft config: %w", err)
+	}
+
+	existing, err := raft.HasExistingState(logs, s.store, snaps)
+	if err != nil {
+		return fmt.Errorf("dlockd: read raft state: %w", err)
+	}
+	if !existing {
+		conf := raft.Configuration{Servers: []raft.Server{{
+			Suffrage: raft.Voter, ID: rc.LocalID, Address: s.transport.LocalAddr(),
+		}}}
+		if err := raft.BootstrapCluster(rc, logs, s.store, snaps, s.transport, conf); err != nil {
+			return fmt.Errorf("dlockd: bootstrap: %w", err)
+		}
+	}
+	s.raft, err = raft.NewRaft(rc, s.fsm, logs, s.store, snaps, s.transport)
+	if err != nil {
+		return fmt.Errorf("dlockd: start raft: %w", err)
+	}
+
+	s.ln, err = net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("dlockd: listen: %w", err)
+	}
+	s.mux = newConnMux(s.ln)
+	s.grpcSrv = newGRPCServer(s)
+	s.httpSrv = &http.Server{
+		Handler:           newHTTPHandler(s),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	s.serving.Add(3)
+	go func() { defer s.serving.Done(); s.mux.serve() }()
+	go func() { defer s.serving.Done(); _ = s.grpcSrv.Serve(s.mux.grpc) }()
+	go func() { defer s.serving.Done(); _ = s.httpSrv.Serve(s.mux.http) }()
+
+	s.loops.Add(2)
+	go s.leadershipLoop()
+	go s.expireLoop()
+
+	s.log.Info("dlockd listening", "listen", s.ln.Addr().String(), "data", s.cfg.DataDir,
+		"raft", string(s.transport.LocalAddr()), "node", s.cfg.NodeID, "url", "dlockd://"+s.ln.Addr().String())
+	return nil
+}
+
+func (s *Server) raftLogger() hclog.Logger {
+	out := s.cfg.RaftLogOutput
+	if out == nil {
+		out = os.Stderr
+	}
+	level := hclog.LevelFromString(s.cfg.RaftLogLevel)
+	if s.cfg.RaftLogLevel == "off" {
+		level = hclog.Off
+		out = io.Discard
+	}
+	return hclog.New(&hclog.LoggerOptions{Name: "raft", Level: level, Output: out})
+}
+
+// Addr returns the address the API listens on (useful with port 0), or ""
+// before Start.
+func (s *Server) Addr() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ln == nil {
+		return ""
+	}
+	return s.ln.Addr().String()
+}
+
+// URL returns the store URL of this server, dlockd://host:port.
+func (s *Server) URL() string { return "dlockd://" + s.Addr() }
+
+// Ready reports whether the node serves writes: it is the leader, has
+// applied its whole log and has removed the queue entries of clients that
+// are gone.
+func (s *Server) Ready() bool { return s.ready.Load() }
+
+// WaitReady blocks until Ready or ctx ends, and returns ctx's error then.
+func (s *Server) WaitReady(ctx context.Context) error {
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for !s.ready.Load() {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("dlockd: not ready: %w", ctx.Err())
+		case <-s.stopCh:
+			return ErrServerClosed
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
+// Shutdown stops the server gracefully: it stops accepting, answers waiting
+// acquisitions with UNAVAILABLE after removing their queue entries, lets
+// running requests finish until ctx ends (then cuts them), and shuts Raft
+// and the log store down. Grants stay in the log. Safe to call twice.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		<-s.stopDone
+		return s.stopErr
+	}
+	s.stopped = true
+	s.mu.Unlock()
+
+	close(s.closing)
+	var errs []error
+	if s.grpcSrv != nil {
+		s.mux.close()
+		done := make(chan struct{})
+		go func() { s.grpcSrv.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			s.grpcSrv.Stop()
+			<-done
+		}
+		if err := s.httpSrv.Shutdown(ctx); err != nil {
+			_ = s.httpSrv.Close()
+		}
+		s.serving.Wait()
+	}
+	s.teardown()
+	if len(errs) > 0 {
+		s.stopErr = errors.Join(errs...)
+	}
+	close(s.stopDone)
+	return s.stopErr
+}
+
+// Close is Shutdown bounded by Config.ShutdownTimeout.
+func (s *Server) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	defer cancel()
+	return s.Shutdown(ctx)
+}
+
+// teardown stops the loops, Raft, the transport and the store.
+func (s *Server) teardown() {
+	select {
+	case <-s.stopCh:
+	default:
+		close(s.stopCh)
+	}
+	s.loops.Wait()
+	s.ready.Store(false)
+	if s.raft != nil {
+		if err := s.raft.Shutdown().Error(); err != nil {
+			s.log.Warn("dlockd: raft shutdown", "err", err)
+		}
+	}
+	if s.transport != nil {
+		_ = s.transport.Close()
+	}
+	if s.store != nil {
+		_ = s.store.Close()
+	}
+	if s.ln != nil && s.mux == nil {
+		_ = s.ln.Close()
+	}
+}
+
+// leadershipLoop follows Raft's leadership and becomes ready after each
+// election won.
+func (s *Server) leadershipLoop() {
+	defer s.loops.Done()
+	ch := s.raft.LeaderCh()
+	for {
+		select {
+		case <-s.stopCh:
+			return
+		case leader := <-ch:
+			if !leader {
+				s.ready.Store(false)
+				continue
+			}
+			if err := s.becomeLeader(); err != nil {
+				s.log.Warn("dlockd: leadership not taken up", "err", err)
+			}
+		}
+	}
+}
+
+// becomeLeader catches up the FSM, restarts every lease countdown at its
+// full TTL (late, never early), removes the queue entries of clients that
+// are not connected to this node, and opens for writes.
+func (s *Server) becomeLeader() error {
+	if err := s.raft.Barrier(s.cfg.ApplyTimeout).Error(); err != nil {
+		return err
+	}
+	s.clock.restartAll()
+	var gone []keyOwner
+	for _, ko := range s.fsm.queued() {
+		if !s.waits.has(ko) {
+			gone = append(gone, ko)
+		}
+	}
+	for len(gone) > 0 {
+		n := min(len(gone), 1024)
+		if _, err := s.propose(&command{op: opPurge, pairs: gone[:n]}); err != nil {
+			return err
+		}
+		gone = gone[n:]
+	}
+	s.ready.Store(true)
+	s.clock.poke()
+	s.log.Info("dlockd: leader and ready", "node", s.cfg.NodeID)
+	return nil
+}
+
+// expireLoop proposes an expire entry for every countdown that runs out,
+// while this node is ready. The FSM acts only where the owner still holds.
+func (s *Server) expireLoop() {
+	defer s.loops.Done()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		wait := time.Hour
+		if s.ready.Load() {
+			pairs, next := s.clock.takeExpired(time.Now(), 1024)
+			if len(pairs) > 0 {
+				if _, err := s.propose(&command{op: opExpire, pairs: pairs}); err != nil {
+					s.clock.retry(pairs, 100*time.Millisecond)
+				}
+				continue
+			}
+			if !next.IsZero() {
+				wait = max(time.Until(next), 0)
+			}
+		}
+		timer.Reset(wait)
+		select {
+		case <-s.stopCh:
+			return
+		case <-timer.C:
+		case <-s.clock.wake:
+			if !timer.Stop() {
+				select {
+				case <-timer.C:
+				default:
+				}
+			}
+		}
+	}
+}
+
+// lockEvents is the FSM observer: it moves countdowns, wakes waiters and
+// pushes loss to sessions.
+func (s *Server) lockEvents(evs []event) {
+	s.clock.apply(evs)
+	for i := range evs {
+		ev := &evs[i]
+		switch ev.kind {
+		case evGranted:
+			s.waits.notify(keyOwner{ev.key, ev.owner}, ev.fence)
+		case evRemoved:
+			if ev.reason == reasonExpired {
+				s.metrics.expired.Inc()
+				if ev.session != "" {
+					s.sessions.lost(ev)
+				}
+			}
+		}
+	}
+}
+
+// lockReset is the FSM observer of a restore.
+func (s *Server) lockReset(holders []event) { s.clock.reset(holders) }
+
+// newToken returns 128 random bits, hex-encoded.
+func newToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// waitEntry is one waiting acquisition on this node.
+type waitEntry struct{ ch chan uint64 }
+
+// waitRegistry maps the queue entries of clients connected to this node to
+// their waiting request.
+type waitRegistry struct {
+	mu sync.Mutex
+	m  map[keyOwner]*waitEntry
+}
+
+func (r *waitRegistry) add(ko keyOwner) (*waitEntry, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.m[ko]; dup {
+		return nil, false
+	}
+	w := &waitEntry{ch: make(chan uint64, 1)}
+	r.m[ko] = w
+	return w, true
+}
+
+func (r *waitRegistry) remove(ko keyOwner, w *waitEntry) {
+	r.mu.Lock()
+	if r.m[ko] == w {
+		delete(r.m, ko)
+	}
+	r.mu.Unlock()
+}
+
+func (r *waitRegistry) has(ko keyOwner) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.m[ko]
+	return ok
+}
+
+func (r *waitRegistry) notify(ko keyOwner, fence uint64) {
+	r.mu.Lock()
+	w := r.m[ko]
+	r.mu.Unlock()
+	if w != nil {
+		select {
+		case w.ch <- fence:
+		default:
+		}
+	}
+}
+
+// subscriber is one Watch stream.
+type subscriber struct{ ch chan event }
+
+// sessionHub maps client sessions to their Watch streams.
+type sessionHub struct {
+	mu   sync.Mutex
+	subs map[string]map[*subscriber]struct{}
+}
+
+func (h *sessionHub) subscribe(session string) *subscriber {
+	sub := &subscriber{ch: make(chan event, 1024)}
+	h.mu.Lock()
+	m := h.subs[session]
+	if m == nil {
+		m = make(map[*subscriber]struct{})
+		h.subs[session] = m
+	}
+	m[sub] = struct{}{}
+	h.mu.Unlock()
+	return sub
+}
+
+func (h *sessionHub) unsubscribe(session string, sub *subscriber) {
+	h.mu.Lock()
+	if m := h.subs[session]; m != nil {
+		delete(m, sub)
+		if len(m) == 0 {
+			delete(h.subs, session)
+		}
+	}
+	h.mu.Unlock()
+}
+
+// count returns the number of sessions with a Watch stream.
+func (h *sessionHub) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.subs)
+}
+
+// lost tells the session's streams that its grant ended. A full stream
+// drops the event: the client's own deadline still ends the lease.
+func (h *sessionHub) lost(ev *event) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for sub := range h.subs[ev.session] {
+		select {
+		case sub.ch <- *ev:
+		default:
+		}
+	}
+}
+
+var _ = dlockv1.File_dlock_v1_dlock_proto
