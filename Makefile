@@ -29,7 +29,7 @@ bench: test-deps
 
 ## demo: the main job, on the embedded default store; needs no external server.
 demo:
-	$(GO) run ./examples/payout
+	./scripts/demo.sh
 
 clean:
 	rm -rf bin dlockd-data

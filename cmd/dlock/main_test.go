@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,7 +19,25 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock/internal/testservers"
+	"github.com/dlock-dev/dlock/server/servertest"
 )
+
+// stores are the real stores every CLI test runs against: the default
+// (dlockd, the built binary in a subprocess) and Redis.
+var stores = []struct {
+	name  string
+	start func(t *testing.T) string
+}{
+	{"dlockd", func(t *testing.T) string { return "dlockd://" + servertest.StartProcess(t).Addr() }},
+	{"redis", func(t *testing.T) string { return testservers.StartRedis(t).URL() }},
+}
+
+// eachStore runs fn as a subtest per store, each with its own fresh server.
+func eachStore(t *testing.T, fn func(t *testing.T, store string)) {
+	for _, s := range stores {
+		t.Run(s.name, func(t *testing.T) { fn(t, s.start(t)) })
+	}
+}
 
 var dlockBin string
 
@@ -35,6 +54,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	servertest.Cleanup()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
@@ -74,9 +94,9 @@ func wantCode(t *testing.T, r result, code int) {
 	}
 }
 
-func TestRun_ExitCodes(t *testing.T) {
-	r := testservers.StartRedis(t)
-	store := r.URL()
+func TestRun_ExitCodes(t *testing.T) { eachStore(t, testRunExitCodes) }
+
+func testRunExitCodes(t *testing.T, store string) {
 	marker := filepath.Join(t.TempDir(), "ran")
 
 	t.Run("command's own code", func(t *testing.T) {
@@ -104,7 +124,8 @@ func TestRun_ExitCodes(t *testing.T) {
 		}
 	})
 	t.Run("unreachable store is 69 and the command does not run", func(t *testing.T) {
-		dead := fmt.Sprintf("redis://127.0.0.1:%d", testservers.FreePort(t))
+		u, _ := url.Parse(store)
+		dead := fmt.Sprintf("%s://127.0.0.1:%d", u.Scheme, testservers.FreePort(t))
 		wantCode(t, dlock(t, dead, "run", "codes:down", "--", "touch", marker), 69)
 		if _, err := os.Stat(marker); err == nil {
 			t.Fatal("the command ran although the store was unreachable")
@@ -144,12 +165,13 @@ func waitHeld(t *testing.T, store, key string) {
 	t.Fatalf("%s never became held", key)
 }
 
-func TestRun_EnvironmentAndJSON(t *testing.T) {
-	r := testservers.StartRedis(t)
-	res := dlock(t, r.URL(), "run", "-o", "json", "env:key", "--", "sh", "-c", `echo "$DLOCK_KEY|$DLOCK_FENCE|$DLOCK_STORE"`)
+func TestRun_EnvironmentAndJSON(t *testing.T) { eachStore(t, testRunEnvironmentAndJSON) }
+
+func testRunEnvironmentAndJSON(t *testing.T, store string) {
+	res := dlock(t, store, "run", "-o", "json", "env:key", "--", "sh", "-c", `echo "$DLOCK_KEY|$DLOCK_FENCE|$DLOCK_STORE"`)
 	wantCode(t, res, 0)
 	parts := strings.Split(strings.TrimSpace(res.stdout), "|")
-	if len(parts) != 3 || parts[0] != "env:key" || parts[2] != r.URL() {
+	if len(parts) != 3 || parts[0] != "env:key" || parts[2] != store {
 		t.Fatalf("environment %q", res.stdout)
 	}
 	fence, err := strconv.ParseUint(parts[1], 10, 64)
@@ -173,9 +195,9 @@ func TestRun_EnvironmentAndJSON(t *testing.T) {
 // than the TTL; meanwhile a second dlock run --wait gets the key with a
 // greater fence; when the first resumes it must terminate its command within
 // a second and exit 70.
-func TestRun_LostLeaseTerminatesCommand(t *testing.T) {
-	r := testservers.StartRedis(t)
-	store := r.URL()
+func TestRun_LostLeaseTerminatesCommand(t *testing.T) { eachStore(t, testRunLostLease) }
+
+func testRunLostLease(t *testing.T, store string) {
 	dir := t.TempDir()
 	pidFile := filepath.Join(dir, "child.pid")
 	first := command(store, "run", "--ttl", "500ms", "--grace", "5s", "lost:key", "--",
@@ -254,14 +276,15 @@ func fenceOf(t *testing.T, out string) uint64 {
 	return 0
 }
 
-func TestRun_SignalsForwardedAndNoOrphans(t *testing.T) {
-	r := testservers.StartRedis(t)
+func TestRun_SignalsForwardedAndNoOrphans(t *testing.T) { eachStore(t, testRunSignals) }
+
+func testRunSignals(t *testing.T, store string) {
 	dir := t.TempDir()
 	got := filepath.Join(dir, "got")
 	grandchild := filepath.Join(dir, "grandchild.pid")
 	// The command starts a background grandchild, then waits for SIGTERM.
 	script := fmt.Sprintf(`sleep 60 & echo $! > %s; trap 'echo TERM > %s; exit 0' TERM; while :; do sleep 0.05; done`, grandchild, got)
-	cmd := command(r.URL(), "run", "sig:key", "--", "sh", "-c", script)
+	cmd := command(store, "run", "sig:key", "--", "sh", "-c", script)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -284,12 +307,12 @@ func TestRun_SignalsForwardedAndNoOrphans(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	// The lease was released: the key is free.
-	wantCode(t, dlock(t, r.URL(), "run", "sig:key", "--", "true"), 0)
+	wantCode(t, dlock(t, store, "run", "sig:key", "--", "true"), 0)
 }
 
-func TestInspection_StatusListFenceCheck(t *testing.T) {
-	r := testservers.StartRedis(t)
-	store := r.URL()
+func TestInspection_StatusListFenceCheck(t *testing.T) { eachStore(t, testInspection) }
+
+func testInspection(t *testing.T, store string) {
 	res := dlock(t, store, "status", "insp:key")
 	wantCode(t, res, 0)
 	if !strings.Contains(res.stdout, "free") {

@@ -545,7 +545,7 @@ func mapErr(ctx context.Context, op, key string, err error) error {
 	}
 	switch {
 	case sentinel == driver.ErrNotAcquired || sentinel == driver.ErrLeaseLost:
-		return fmt.Errorf("dlockd: %s %q: %w", op, key, sentinel)
+		return sentinel // the root package adds the operation, key and store
 	case sentinel != nil: // keep the server's detail (which limit)
 		return fmt.Errorf("dlockd: %s %q: %w (server: %s)", op, key, sentinel, msg)
 	}

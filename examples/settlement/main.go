@@ -28,9 +28,14 @@ import (
 	"syscall"
 	"time"
 
+	_ "github.com/dlock-dev/dlock/drivers/dlockddriver"
+	_ "github.com/dlock-dev/dlock/drivers/etcddriver"
 	_ "github.com/dlock-dev/dlock/drivers/memdriver"
+	_ "github.com/dlock-dev/dlock/drivers/pgadvisory"
 	_ "github.com/dlock-dev/dlock/drivers/pgdriver"
 	_ "github.com/dlock-dev/dlock/drivers/redisdriver"
+	_ "github.com/dlock-dev/dlock/drivers/redlockdriver"
+	_ "github.com/dlock-dev/dlock/drivers/zkdriver"
 )
 
 func main() {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock/internal/testservers"
+	"github.com/dlock-dev/dlock/server/servertest"
 )
 
 // run settles with a paused worker and checks the outcome the brief demands:
@@ -55,4 +56,9 @@ func TestSettlement_RedisStoreSQLiteLedger(t *testing.T) {
 func TestSettlement_PostgresStorePostgresLedger(t *testing.T) {
 	pg := testservers.StartPostgres(t)
 	run(t, pg.URL(), pg.URL())
+}
+
+func TestSettlement_DlockdStoreSQLiteLedger(t *testing.T) {
+	d := servertest.StartEmbedded(t, servertest.Config(t, t.TempDir()))
+	run(t, "dlockd://"+d.Addr(), "sqlite:"+filepath.Join(t.TempDir(), "ledger.db"))
 }

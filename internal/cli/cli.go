@@ -16,8 +16,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dlock-dev/dlock"
-	_ "github.com/dlock-dev/dlock/drivers/memdriver"   // mem://
-	_ "github.com/dlock-dev/dlock/drivers/redisdriver" // redis://
+	_ "github.com/dlock-dev/dlock/drivers/dlockddriver"  // dlockd://
+	_ "github.com/dlock-dev/dlock/drivers/etcddriver"    // etcd://
+	_ "github.com/dlock-dev/dlock/drivers/memdriver"     // mem:// (in-process only)
+	_ "github.com/dlock-dev/dlock/drivers/pgadvisory"    // pgadvisory://
+	_ "github.com/dlock-dev/dlock/drivers/pgdriver"      // postgres://
+	_ "github.com/dlock-dev/dlock/drivers/redisdriver"   // redis://
+	_ "github.com/dlock-dev/dlock/drivers/redlockdriver" // redlock://
+	_ "github.com/dlock-dev/dlock/drivers/zkdriver"      // zk://
 )
 
 // Exit codes of dlock run and the other commands, from sysexits.h.
@@ -121,8 +127,8 @@ func newRoot(g *globals) *cobra.Command {
 		Long: `dlock runs commands under a distributed lease and inspects lock stores.
 
 The store is a URL: --store, or the DLOCK_STORE environment variable, or
-` + DefaultStore + ` (a local dlockd). Schemes: mem, redis, and any other
-driver compiled in.`,
+` + DefaultStore + ` (a local dlockd). Schemes: dlockd, redis, redlock, etcd,
+zk, postgres, pgadvisory (and mem, which lives inside one process only).`,
 		Example: `  dlock run payout:2026-09 -- ./payout --month 2026-09
   dlock run --wait --wait-timeout 5m nightly-report -- ./report.sh
   dlock status payout:2026-09
