@@ -87,6 +87,17 @@ type Held struct {
 	ServerRSSMiB   float64 `json:"server_rss_mib,omitempty"` // 0: PID unknown
 	RSSBeforeMiB   float64 `json:"server_rss_before_mib,omitempty"`
 	Errors         int64   `json:"errors"`
+	Skipped        string  `json:"skipped,omitempty"` // why W3 was not run for this store
+}
+
+// holdSkipped says why W3 cannot run on a store: pgadvisory holds one
+// PostgreSQL session per lease, so 100,000 held keys would need 100,000
+// server connections.
+func holdSkipped(store string) string {
+	if strings.HasPrefix(store, "pgadvisory:") {
+		return "one PostgreSQL session per held lease"
+	}
+	return ""
 }
 
 // Report is the whole run.
@@ -117,7 +128,9 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 			}
 			rep.Contended = append(rep.Contended, r)
 		}
-		if !cfg.SkipHold {
+		if why := holdSkipped(store); why != "" && !cfg.SkipHold {
+			rep.Held = append(rep.Held, Held{Store: store, Keys: cfg.HoldKeys, Skipped: why})
+		} else if !cfg.SkipHold {
 			cfg.Progress("W3 %s, %d keys held", store, cfg.HoldKeys)
 			r, err := held(ctx, store, cfg.HoldKeys, cfg.ServerPIDs[store])
 			if err != nil {

@@ -46,6 +46,10 @@ func (r Report) Markdown(w io.Writer) {
 		fmt.Fprintln(w, "| store | keys | time to acquire all | server memory before | server memory, keys held | errors |")
 		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|")
 		for _, h := range r.Held {
+			if h.Skipped != "" {
+				fmt.Fprintf(w, "| %s | %d | not run: %s | | | |\n", storeName(h.Store), h.Keys, h.Skipped)
+				continue
+			}
 			fmt.Fprintf(w, "| %s | %d | %.2f s | %s | %s | %d |\n", storeName(h.Store), h.Keys, h.AcquireSeconds, mib(h.RSSBeforeMiB), mib(h.ServerRSSMiB), h.Errors)
 		}
 		fmt.Fprintln(w)

@@ -1,0 +1,108 @@
+package bench
+
+// BenchmarkSideBySide starts one real server of every store dlock has (each
+// on a free loopback port, with its data in a temp dir, stopped by PID) and
+// runs the dlock bench workloads against all of them in one run. It is the
+// run behind docs/BENCHMARKS.md:
+//
+//	make bench-stores                      # writes docs/BENCHMARKS-run.md
+//	BENCH_DURATION=5s BENCH_HOLD_KEYS=100000 BENCH_OUT=/tmp/run.md \
+//	  go test -run '^$' -bench SideBySide -benchtime 1x -timeout 60m ./internal/bench
+
+import (
+	"bytes"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	_ "github.com/dlock-dev/dlock/drivers/dlockddriver"
+	_ "github.com/dlock-dev/dlock/drivers/etcddriver"
+	_ "github.com/dlock-dev/dlock/drivers/pgadvisory"
+	_ "github.com/dlock-dev/dlock/drivers/pgdriver"
+	_ "github.com/dlock-dev/dlock/drivers/redisdriver"
+	_ "github.com/dlock-dev/dlock/drivers/redlockdriver"
+	_ "github.com/dlock-dev/dlock/drivers/zkdriver"
+	"github.com/dlock-dev/dlock/internal/testservers"
+	"github.com/dlock-dev/dlock/server/servertest"
+)
+
+func BenchmarkSideBySide(b *testing.B) {
+	defer servertest.Cleanup()
+	dur := 3 * time.Second
+	if v := os.Getenv("BENCH_DURATION"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			b.Fatalf("BENCH_DURATION: %v", err)
+		}
+		dur = d
+	}
+	holdKeys := 100_000
+	if v := os.Getenv("BENCH_HOLD_KEYS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			b.Fatalf("BENCH_HOLD_KEYS: %v", err)
+		}
+		holdKeys = n
+	}
+	only := os.Getenv("BENCH_STORES") // e.g. "dlockd,redis"; empty: all
+	want := func(name string) bool {
+		return only == "" || strings.Contains(","+only+",", ","+name+",")
+	}
+
+	var stores []string
+	pids := map[string]int{}
+	if want("dlockd") {
+		d := servertest.StartProcess(b)
+		u := "dlockd://" + d.Addr()
+		stores, pids[u] = append(stores, u), d.PID()
+	}
+	if want("redis") {
+		r := testservers.StartRedis(b)
+		stores, pids[r.URL()] = append(stores, r.URL()), r.PID()
+	}
+	if want("redlock") {
+		rs := testservers.StartRedisN(b, 3)
+		addrs := make([]string, len(rs))
+		for i, r := range rs {
+			addrs[i] = r.Addr()
+		}
+		stores = append(stores, "redlock://"+strings.Join(addrs, ","))
+	}
+	if want("etcd") {
+		e := testservers.StartEtcd(b)
+		stores, pids[e.URL()] = append(stores, e.URL()), e.PID()
+	}
+	if want("zk") {
+		z := testservers.StartZooKeeper(b)
+		stores, pids[z.URL()] = append(stores, z.URL()), z.PID()
+	}
+	if want("postgres") || want("pgadvisory") {
+		pg := testservers.StartPostgres(b)
+		if want("postgres") {
+			stores, pids[pg.URL()] = append(stores, pg.URL()), pg.PID()
+		}
+		if want("pgadvisory") {
+			u := strings.Replace(pg.URL(), "postgres://", "pgadvisory://", 1)
+			stores, pids[u] = append(stores, u), pg.PID()
+		}
+	}
+	for range b.N {
+		rep, err := Run(b.Context(), Config{
+			Stores: stores, Duration: dur, HoldKeys: holdKeys, ServerPIDs: pids,
+			Progress: func(format string, args ...any) { b.Logf(format, args...) },
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		var buf bytes.Buffer
+		rep.Markdown(&buf)
+		b.Log("\n" + buf.String())
+		if out := os.Getenv("BENCH_OUT"); out != "" {
+			if err := os.WriteFile(out, buf.Bytes(), 0o644); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}
