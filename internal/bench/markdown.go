@@ -6,16 +6,17 @@ import (
 	"net/url"
 )
 
-// storeName shortens a URL to its scheme and host for table columns.
+// storeName shortens a URL to its scheme for table rows (the run's
+// addresses are loopback ports of no interest).
 func storeName(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil || u.Scheme == "" {
 		return raw
 	}
-	if u.Host == "" {
-		return u.Scheme
+	if u.Scheme == "mem" {
+		return raw
 	}
-	return u.Scheme + "://" + u.Host
+	return u.Scheme
 }
 
 // Markdown writes the report as three Markdown tables.
