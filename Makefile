@@ -1,7 +1,7 @@
 # dlock — common tasks. `make test` is the command CI runs.
 GO ?= go
 
-.PHONY: all build test test-deps vet fmt bench demo clean proto
+.PHONY: all build test test-deps vet fmt bench bench-stores demo clean proto
 
 all: build
 
@@ -45,3 +45,7 @@ proto:
 		--go_out=. --go_opt=module=github.com/dlock-dev/dlock \
 		--go-grpc_out=. --go-grpc_opt=module=github.com/dlock-dev/dlock \
 		proto/dlock/v1/dlock.proto
+
+## bench-stores: every store side by side (starts its own servers), written to docs/BENCHMARKS-run.md.
+bench-stores: test-deps
+	BENCH_OUT=$(CURDIR)/docs/BENCHMARKS-run.md $(GO) test -run '^$$' -bench SideBySide -benchtime 1x -timeout 60m ./internal/bench
