@@ -3,6 +3,8 @@ package main
 import (
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
 
 // TestRun_OneWorkerRunsAndStaleWriteIsFenced runs the demo end to end on the
@@ -13,3 +15,5 @@ func TestRun_OneWorkerRunsAndStaleWriteIsFenced(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
