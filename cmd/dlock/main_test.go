@@ -144,6 +144,14 @@ func testRunExitCodes(t *testing.T, store string) {
 		wantCode(t, dlock(t, store, "run", "--ttl", "10ms", "codes:usage", "--", "true"), 64)
 		wantCode(t, dlock(t, store, "run", "", "--", "true"), 64)
 	})
+	t.Run("command that cannot be executed is 126", func(t *testing.T) {
+		notExec := filepath.Join(t.TempDir(), "not-executable")
+		if err := os.WriteFile(notExec, []byte("#!/bin/sh\ntrue\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		wantCode(t, dlock(t, store, "run", "codes:noexec", "--", notExec), 126)
+		wantCode(t, dlock(t, store, "run", "codes:noexec", "--", "true"), 0) // released
+	})
 	t.Run("missing command is 127", func(t *testing.T) {
 		wantCode(t, dlock(t, store, "run", "codes:nf", "--", "/no/such/command"), 127)
 		// and the lease was released
