@@ -83,9 +83,18 @@ func (l *Locker) acquire(ctx context.Context, key string, wait bool, o options) 
 			continue
 		}
 		// A store error or the end of ctx may hide a grant that raced it:
-		// release whatever the owner token may hold before returning.
-		l.cleanup(req, o)
-		if ended := ctxEnded(actx); ended != nil {
+		// release whatever the owner token may hold. When ctx ended the
+		// store is likely healthy, so this is done before returning (a
+		// nil error must mean "held", an error "nothing left behind"); after
+		// a store error it runs in the background, so that the caller gets
+		// ErrUnavailable within the op timeout.
+		ended := ctxEnded(actx)
+		if ended != nil {
+			l.cleanupNow(req, o)
+		} else {
+			l.cleanup(req, o)
+		}
+		if ended != nil {
 			if context.Cause(actx) == ErrClosed && ctx.Err() == nil {
 				return nil, l.wrap("acquire", key, ErrClosed)
 			}
@@ -107,13 +116,26 @@ func (l *Locker) confirm(ctx context.Context, req driver.AcquireRequest, o optio
 	return sent, l.drv.Renew(octx, req.Key, req.Owner, req.TTL)
 }
 
-// cleanup releases any grant the owner token may hold after an acquisition
-// that failed in an ambiguous way. Owner tokens are unique per acquisition,
-// so this can never touch another holder's grant.
-func (l *Locker) cleanup(req driver.AcquireRequest, o options) {
+// cleanupNow releases what the owner token may hold before returning.
+func (l *Locker) cleanupNow(req driver.AcquireRequest, o options) {
 	ctx, cancel := context.WithTimeout(context.Background(), o.opTimeout)
 	defer cancel()
 	_ = l.drv.Release(ctx, req.Key, req.Owner)
+}
+
+// cleanup releases, in the background, any grant the owner token may hold
+// after an acquisition that failed in an ambiguous way, so that the caller
+// gets its error without waiting another round trip of a store that may be
+// down. Owner tokens are unique per acquisition, so this can never touch
+// another holder's grant. Close waits for pending cleanups.
+func (l *Locker) cleanup(req driver.AcquireRequest, o options) {
+	l.cleanups.Add(1)
+	go func() {
+		defer l.cleanups.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), o.opTimeout)
+		defer cancel()
+		_ = l.drv.Release(ctx, req.Key, req.Owner)
+	}()
 }
 
 func (l *Locker) subscribeHints(ctx context.Context, key string) <-chan struct{} {

@@ -51,8 +51,10 @@
 // # Stores
 //
 // A store is chosen by URL (Open), or by constructing a driver directly
-// (New). Drivers live under dlock/drivers: memdriver (mem://, in-process),
-// redisdriver (redis://), and the others as they land. Each driver's package
+// (New). Drivers live under dlock/drivers: dlockddriver (dlockd://, the
+// default), redisdriver (redis://), redlockdriver (redlock://), etcddriver
+// (etcd://), zkdriver (zk://), pgdriver (postgres://), pgadvisory
+// (pgadvisory://) and memdriver (mem://, in-process). Each driver's package
 // documentation states its safety assumptions.
 package dlock
 
@@ -72,8 +74,8 @@ import (
 	"github.com/dlock-dev/dlock/driver"
 )
 
-// The sentinel errors. Every error returned by this package matches one of
-// them with errors.Is, and carries the operation, key and store in its
+// The sentinel errors. Every error of an acquisition, renewal, release or
+// inspection matches one of them (or the context's error) with errors.Is, and carries the operation, key and store in its
 // message. They are the same values as the driver package's, so errors.Is
 // works at every layer.
 var (
@@ -90,7 +92,8 @@ var (
 	// not valid UTF-8, or contains NUL.
 	ErrInvalidKey = driver.ErrInvalidKey
 	// ErrInvalidTTL: the TTL is outside [MinTTL, MaxTTL], or the heartbeat
-	// interval is not shorter than the TTL minus drift.
+	// interval is shorter than MinHeartbeat or not shorter than the TTL
+	// minus drift.
 	ErrInvalidTTL = driver.ErrInvalidTTL
 	// ErrStaleFence: a resource refused a write whose fencing token is not
 	// greater than one it has already seen (package dlock/fence).
@@ -107,6 +110,10 @@ const (
 	MaxKeyBytes = driver.MaxKeyBytes // longest key, in bytes
 	MinTTL      = driver.MinTTL      // shortest TTL: 100 ms
 	MaxTTL      = driver.MaxTTL      // longest TTL: 24 h
+
+	// MinHeartbeat is the shortest renewal interval (WithHeartbeat), so a
+	// mistake cannot flood the store.
+	MinHeartbeat = 10 * time.Millisecond
 )
 
 // HolderInfo describes the current grant of a key (see Locker.Inspect).
@@ -122,6 +129,8 @@ type Locker struct {
 	closeCtx    context.Context
 	closeCancel context.CancelCauseFunc
 
+	cleanups sync.WaitGroup // background releases after ambiguous failures
+
 	mu     sync.Mutex
 	closed bool
 	leases map[*Lease]struct{}
@@ -131,7 +140,8 @@ type Locker struct {
 // the URL's scheme ("mem", "redis", "dlockd", ...) from the drivers
 // registered with driver.Register (import the driver package for its side
 // effect). opts set the defaults of every acquisition. It returns an error
-// wrapping ErrUnavailable when the store cannot be reached.
+// wrapping ErrUnavailable when the store cannot be reached, and another
+// error for a URL or configuration the driver refuses.
 func Open(ctx context.Context, rawURL string, opts ...Option) (*Locker, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -143,10 +153,10 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Locker, error) {
 	}
 	d, err := open(ctx, u)
 	if err != nil {
-		if errors.Is(err, ErrUnavailable) || errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrInvalidTTL) {
-			return nil, fmt.Errorf("dlock: open %s: %w", redact(u), err)
-		}
-		return nil, fmt.Errorf("dlock: open %s: %w: %w", redact(u), ErrUnavailable, err)
+		// Drivers report an unreachable store as ErrUnavailable; anything
+		// else is a configuration error (a bad URL, too few nodes) and must
+		// not pass for an outage (fail-open would then run unlocked).
+		return nil, fmt.Errorf("dlock: open %s: %w", redact(u), err)
 	}
 	return New(d, append([]Option{WithStoreName(u.Scheme)}, opts...)...), nil
 }
@@ -202,24 +212,26 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...Option) (*L
 }
 
 // Do acquires key (waiting, as Acquire), runs fn with the lease's context,
-// and releases the lease when fn returns. It returns fn's error; when the
-// lease was lost while fn ran, the error also matches ErrLeaseLost.
-func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context) error, opts ...Option) error {
+// and releases the lease when fn returns or panics. It returns fn's error;
+// when the lease was lost while fn ran, the error also matches ErrLeaseLost.
+func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context) error, opts ...Option) (err error) {
 	lease, err := l.Acquire(ctx, key, opts...)
 	if err != nil {
 		return err
 	}
-	fnErr := fn(lease.Context())
-	relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lease.opts.opTimeout)
-	defer cancel()
-	relErr := lease.Release(relCtx)
-	if errors.Is(relErr, ErrLeaseLost) {
-		return errors.Join(fnErr, relErr)
-	}
-	if fnErr != nil {
-		return fnErr
-	}
-	return relErr
+	// Released even when fn panics (the panic then goes on).
+	defer func() {
+		relCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lease.opts.opTimeout)
+		defer cancel()
+		relErr := lease.Release(relCtx)
+		switch {
+		case errors.Is(relErr, ErrLeaseLost):
+			err = errors.Join(err, relErr)
+		case err == nil:
+			err = relErr
+		}
+	}()
+	return fn(lease.Context())
 }
 
 // Inspect returns the current grant of key. It returns an error wrapping
@@ -236,6 +248,9 @@ func (l *Locker) Inspect(ctx context.Context, key string) (HolderInfo, error) {
 	octx, cancel := l.opContext(ctx, l.opts)
 	defer cancel()
 	info, err := in.Inspect(octx, key)
+	if errors.Is(err, ErrNotAcquired) {
+		return info, l.wrap("inspect", key, fmt.Errorf("key is free (%w)", ErrNotAcquired))
+	}
 	return info, l.classify("inspect", key, ctx, err)
 }
 
@@ -279,9 +294,9 @@ func (l *Locker) ForceRelease(ctx context.Context, key, reason string) (HolderIn
 	return info, nil
 }
 
-// Close ends every lease the Locker still holds (releasing each on the
-// store, best effort within the op timeout; their contexts are cancelled
-// with cause ErrClosed), makes pending and later acquisitions fail with
+// Close ends every lease the Locker still holds (releasing them on the
+// store concurrently, best effort within the op timeout; their contexts are
+// cancelled with cause ErrClosed), makes pending and later acquisitions fail with
 // ErrClosed, and closes the driver. Closing twice returns nil.
 func (l *Locker) Close() error {
 	l.mu.Lock()
@@ -296,9 +311,16 @@ func (l *Locker) Close() error {
 	}
 	l.mu.Unlock()
 	l.closeCancel(ErrClosed)
+	var wg sync.WaitGroup
 	for _, ls := range leases {
-		ls.end(context.Background(), ErrClosed)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ls.end(context.Background(), ErrClosed)
+		}()
 	}
+	wg.Wait()
+	l.cleanups.Wait()
 	return l.drv.Close()
 }
 
@@ -344,6 +366,9 @@ func validateOptions(o options) error {
 		return err
 	}
 	hb := o.effectiveHeartbeat()
+	if hb < MinHeartbeat {
+		return fmt.Errorf("%w: heartbeat %v is shorter than %v", ErrInvalidTTL, hb, MinHeartbeat)
+	}
 	if hb >= o.ttl-o.effectiveDrift() {
 		return fmt.Errorf("%w: heartbeat %v is not shorter than TTL %v minus drift %v", ErrInvalidTTL, hb, o.ttl, o.effectiveDrift())
 	}

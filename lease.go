@@ -38,9 +38,12 @@ type Lease struct {
 	hbCancel context.CancelFunc // (and any renewal in flight)
 	hbDone   chan struct{}      // closed when the heartbeat goroutine ends
 
+	ended chan struct{} // closed when Release or Close has finished with the store
+
 	mu        sync.Mutex
 	state     leaseState
 	err       error
+	relErr    error       // the store release's result, reported to every Release
 	deadline  time.Time   // monotonic validity deadline
 	lossTimer *time.Timer // fires at deadline
 }
@@ -51,7 +54,7 @@ func (l *Locker) newLease(req driver.AcquireRequest, g driver.Grant, sent time.T
 	ls := &Lease{
 		locker: l, key: req.Key, owner: req.Owner, fence: g.Fence, opts: o,
 		start: sent, ctx: ctx, cancel: cancel, done: make(chan struct{}),
-		hbCtx: hbCtx, hbCancel: hbCancel, hbDone: make(chan struct{}),
+		hbCtx: hbCtx, hbCancel: hbCancel, hbDone: make(chan struct{}), ended: make(chan struct{}),
 		deadline: sent.Add(o.ttl - o.effectiveDrift()),
 	}
 	l.mu.Lock()
@@ -79,7 +82,7 @@ func (l *Locker) degradedLease(req driver.AcquireRequest, o options) *Lease {
 	return &Lease{
 		locker: l, key: req.Key, owner: req.Owner, degraded: true, opts: o,
 		start: time.Now(), ctx: ctx, cancel: cancel, done: make(chan struct{}),
-		hbCtx: hbCtx, hbCancel: hbCancel, hbDone: hbDone,
+		hbCtx: hbCtx, hbCancel: hbCancel, hbDone: hbDone, ended: make(chan struct{}),
 	}
 }
 
@@ -131,12 +134,13 @@ func (ls *Lease) Err() error {
 func (ls *Lease) Context() context.Context { return ls.ctx }
 
 // Release stops the heartbeat, then removes the grant from the store,
-// atomically and only if this lease still holds it. It returns nil on
-// success and when called again after a successful release; an error
-// matching ErrLeaseLost, with nothing changed on the store, when the lease
-// was already lost (or expired on the store); ErrUnavailable when the store
-// could not be asked (the grant then expires by its TTL); ErrClosed when the
-// Locker was closed.
+// atomically and only if this lease still holds it. The store release is
+// attempted even when ctx has already ended, bounded by the op timeout. It
+// returns nil on success; an error matching ErrLeaseLost, with nothing
+// changed on the store, when the lease was already lost (or expired on the
+// store); ErrUnavailable when the store could not be asked (the grant then
+// expires by its TTL); ErrClosed when the Locker was closed. Calling it
+// again, or concurrently, waits for the first call and returns its result.
 func (ls *Lease) Release(ctx context.Context) error {
 	return ls.end(ctx, ErrReleased)
 }
@@ -151,12 +155,21 @@ func (ls *Lease) end(ctx context.Context, reason error) error {
 		err := ls.err
 		ls.mu.Unlock()
 		return err
-	case stateReleased:
+	case stateReleased, stateClosed:
+		// A release is under way or done: wait for it and report its
+		// result, so that every caller learns whether the store let go.
+		ended := ls.ended
 		ls.mu.Unlock()
-		return nil
-	case stateClosed:
-		ls.mu.Unlock()
-		return l.wrap("release", ls.key, ErrClosed)
+		<-ended
+		if reason == ErrClosed {
+			return nil
+		}
+		ls.mu.Lock()
+		defer ls.mu.Unlock()
+		if ls.state == stateClosed && ls.relErr == nil {
+			return l.wrap("release", ls.key, ErrClosed)
+		}
+		return ls.relErr
 	}
 	if reason == ErrClosed {
 		ls.state = stateClosed
@@ -168,6 +181,7 @@ func (ls *Lease) end(ctx context.Context, reason error) error {
 		ls.lossTimer.Stop()
 	}
 	ls.mu.Unlock()
+	defer close(ls.ended)
 
 	ls.hbCancel()
 	<-ls.hbDone
@@ -177,17 +191,20 @@ func (ls *Lease) end(ctx context.Context, reason error) error {
 
 	var err error
 	if !ls.degraded {
-		octx, cancel := context.WithTimeout(ctx, ls.opts.opTimeout)
-		err = l.drv.Release(octx, ls.key, ls.owner)
+		// The store release runs even when ctx has already ended (bounded by
+		// the op timeout): a caller that gives up must not leave the grant
+		// held until its TTL.
+		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ls.opts.opTimeout)
+		err = l.classify("release", ls.key, octx, l.drv.Release(octx, ls.key, ls.owner))
 		cancel()
-		err = l.classify("release", ls.key, ctx, err)
 	}
 	l.observer(ls.opts).LeaseEnded(EndEvent{Store: l.store, KeyClass: ls.opts.keyClass, Held: time.Since(ls.start)})
+	ls.mu.Lock()
+	ls.relErr = err
 	if errors.Is(err, ErrLeaseLost) {
-		ls.mu.Lock()
 		ls.err = err
-		ls.mu.Unlock()
 	}
+	ls.mu.Unlock()
 	if reason == ErrClosed {
 		return nil
 	}

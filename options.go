@@ -50,13 +50,14 @@ func defaultOptions() options {
 
 // WithTTL sets the lease time to live: how long the store keeps a grant that
 // is not renewed. It must lie in [MinTTL, MaxTTL] (100 ms to 24 h), else the
-// acquisition fails with ErrInvalidTTL. Zero value: DefaultTTL (30 s).
+// acquisition fails with ErrInvalidTTL (zero included). Without this option
+// the TTL is DefaultTTL (30 s).
 func WithTTL(ttl time.Duration) Option { return func(o *options) { o.ttl = ttl } }
 
 // WithHeartbeat sets the interval between renewals. Zero value: TTL/3. An
-// interval that is not shorter than the TTL minus drift fails the
-// acquisition with ErrInvalidTTL, since the lease would lapse between
-// renewals.
+// interval shorter than MinHeartbeat (10 ms), or not shorter than the TTL
+// minus drift (the lease would lapse between renewals), fails the
+// acquisition with ErrInvalidTTL.
 func WithHeartbeat(interval time.Duration) Option {
 	return func(o *options) { o.heartbeat = interval }
 }
