@@ -122,6 +122,17 @@ func testRunExitCodes(t *testing.T, store string) {
 		if _, err := os.Stat(marker); err == nil {
 			t.Fatal("the command ran after --wait-timeout")
 		}
+		// A wait ended by SIGTERM exits 128+15, not 75.
+		waiter := command(store, "run", "--wait", "codes:held", "--", "touch", marker)
+		if err := waiter.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond) // let it start waiting
+		_ = waiter.Process.Signal(syscall.SIGTERM)
+		var ee *exec.ExitError
+		if err := waiter.Wait(); !errors.As(err, &ee) || ee.ExitCode() != 143 {
+			t.Fatalf("wait interrupted by SIGTERM: %v, want exit 143", err)
+		}
 	})
 	t.Run("unreachable store is 69 and the command does not run", func(t *testing.T) {
 		u, _ := url.Parse(store)
@@ -139,10 +150,17 @@ func testRunExitCodes(t *testing.T, store string) {
 			t.Fatalf("--fail-open did not say so on stderr: %q", res.stderr)
 		}
 	})
+	t.Run("a store URL the driver refuses is 64, even with --fail-open", func(t *testing.T) {
+		wantCode(t, dlock(t, "redsi://127.0.0.1:1", "run", "--fail-open", "codes:cfg", "--", "touch", marker+"-cfg"), 64)
+		if _, err := os.Stat(marker + "-cfg"); err == nil {
+			t.Fatal("the command ran without a lock on a misconfigured store")
+		}
+	})
 	t.Run("usage errors are 64", func(t *testing.T) {
 		wantCode(t, dlock(t, store, "run", "codes:usage"), 64)
 		wantCode(t, dlock(t, store, "run", "--ttl", "10ms", "codes:usage", "--", "true"), 64)
 		wantCode(t, dlock(t, store, "run", "", "--", "true"), 64)
+		wantCode(t, dlock(t, store, "run", "--grace", "-1s", "codes:usage", "--", "true"), 64)
 	})
 	t.Run("command that cannot be executed is 126", func(t *testing.T) {
 		notExec := filepath.Join(t.TempDir(), "not-executable")
@@ -351,7 +369,7 @@ func testInspection(t *testing.T, store string) {
 	if err := json.Unmarshal([]byte(parts[1]), &list); err != nil || len(list) != 1 || list[0].Key != "insp:key" {
 		t.Fatalf("list json %q (%v)", parts[1], err)
 	}
-	if !strings.Contains(parts[2], "current\nrc=0") || !strings.Contains(parts[2], "stale") || !strings.Contains(parts[2], "rc=1") {
+	if !strings.Contains(parts[2], "current\nrc=0") || !strings.Contains(parts[2], "not current") || !strings.Contains(parts[2], "rc=1") {
 		t.Fatalf("fence check output %q", parts[2])
 	}
 }

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -50,6 +51,9 @@ and W2 cell runs for --duration.`,
 				HoldKeys: holdKeys, SkipHold: skipHold, ServerPIDs: pidMap,
 				Progress: func(format string, a ...any) { fmt.Fprintf(g.stderr, "bench: "+format+"\n", a...) },
 			})
+			if err != nil && strings.HasPrefix(err.Error(), "bench: client count") {
+				return exit(ExitUsage, "%w", err)
+			}
 			if err != nil {
 				return storeErr(err)
 			}

@@ -77,13 +77,17 @@ func jsonTo(w io.Writer) *json.Encoder {
 	return enc
 }
 
-// open opens the store, mapping failures to exit 69.
+// open opens the store: exit 69 when it cannot be reached, 64 when the URL
+// or configuration is wrong.
 func (g *globals) open(ctx context.Context, opts ...dlock.Option) (*dlock.Locker, error) {
 	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	l, err := dlock.Open(octx, g.store, opts...)
-	if err != nil {
+	if errors.Is(err, dlock.ErrUnavailable) {
 		return nil, exit(ExitUnavailable, "%w", err)
+	}
+	if err != nil { // a bad URL or a configuration the driver refuses
+		return nil, exit(ExitUsage, "%w", err)
 	}
 	return l, nil
 }

@@ -170,8 +170,8 @@ func newFenceCmd(g *globals) *cobra.Command {
 		Short: "Check whether FENCE is the current grant of KEY",
 		Long: `Check answers whether FENCE is the fence of KEY's current grant (Chubby's
 sequencer check), for resources that cannot store a fence themselves. Exit
-status 0 and "current" when it is; 1 and "stale" when the key is free or held
-under another fence. This is the weaker check: the answer can change the
+status 0 and "current" when it is; 1 and "not current" when the key is free
+or held under another fence. This is the weaker check: the answer can change the
 moment after it is given, so a resource that can store the greatest fence it
 has seen (package dlock/fence) should do that instead.`,
 		Example: `  dlock fence check payout:2026-09 "$DLOCK_FENCE" && ./write-result`,
@@ -196,7 +196,7 @@ has seen (package dlock/fence) should do that instead.`,
 			} else if current {
 				fmt.Fprintln(g.stdout, "current")
 			} else {
-				fmt.Fprintf(g.stdout, "stale (current fence %d)\n", info.Fence)
+				fmt.Fprintf(g.stdout, "not current (current fence %d; 0: the key is free)\n", info.Fence)
 			}
 			if !current {
 				return &exitError{code: 1}

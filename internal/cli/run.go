@@ -113,11 +113,17 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, key string, arg
 	if f.failOpen {
 		opts = append(opts, dlock.WithFailOpen())
 	}
+	if f.grace < 0 || f.waitTimeout < 0 {
+		return report(ExitUsage, "invalid", fmt.Errorf("--grace and --wait-timeout must not be negative"))
+	}
 	locker, err := g.open(ctx)
 	var lease *dlock.Lease
+	var ee *exitError
 	switch {
-	case err != nil && f.failOpen:
+	case err != nil && f.failOpen && errors.As(err, &ee) && ee.code == ExitUnavailable:
 		fmt.Fprintf(g.stderr, "dlock: store unreachable, running %q WITHOUT a lock (--fail-open): %v\n", key, err)
+	case err != nil && errors.As(err, &ee) && ee.code == ExitUsage:
+		return report(ExitUsage, "invalid", ee.err)
 	case err != nil:
 		return report(ExitUnavailable, "unavailable", err)
 	default:
@@ -127,7 +133,14 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, key string, arg
 		case err == nil && lease.Degraded():
 			fmt.Fprintf(g.stderr, "dlock: store unavailable, running %q WITHOUT a lock (--fail-open)\n", key)
 		case err == nil:
+		case errors.As(err, new(interrupted)):
+			var intr interrupted
+			errors.As(err, &intr)
+			return report(128+int(intr.sig), "interrupted", err)
 		case errors.Is(err, dlock.ErrNotAcquired), errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+			if errors.Is(err, context.DeadlineExceeded) {
+				err = fmt.Errorf("%s still held after --wait-timeout %v: %w", key, f.waitTimeout, err)
+			}
 			return report(ExitHeld, "held", err)
 		case errors.Is(err, dlock.ErrUnavailable):
 			return report(ExitUnavailable, "unavailable", err)
@@ -218,11 +231,32 @@ func acquire(ctx context.Context, l *dlock.Locker, f *runFlags, key string, opts
 		ctx, cancel = context.WithTimeout(ctx, f.waitTimeout)
 		defer cancel()
 	}
-	// While waiting, SIGINT/SIGTERM end the wait.
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	return l.Acquire(ctx, key, opts...)
+	// While waiting, SIGINT or SIGTERM ends the wait; dlock then exits
+	// 128+N, as the shell reports a command killed by signal N.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case s := <-sigs:
+			cancel(interrupted{s.(syscall.Signal)})
+		case <-ctx.Done():
+		}
+	}()
+	lease, err := l.Acquire(ctx, key, opts...)
+	var intr interrupted
+	if err != nil && errors.As(context.Cause(ctx), &intr) {
+		return nil, fmt.Errorf("%w: %w", intr, err)
+	}
+	return lease, err
 }
+
+// interrupted is the cause of a wait ended by a signal.
+type interrupted struct{ sig syscall.Signal }
+
+func (i interrupted) Error() string { return "wait interrupted by " + i.sig.String() }
 
 func releaseLease(lease *dlock.Lease) error {
 	if lease == nil {
