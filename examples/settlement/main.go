@@ -25,6 +25,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -50,6 +51,9 @@ func main() {
 	flag.DurationVar(&cfg.Pause, "pause", 0, "how long the paused worker sleeps at least; it then stays paused until another worker has settled its merchant (default: twice the TTL)")
 	asJSON := flag.Bool("json", false, "print the report as one JSON object")
 	flag.Parse()
+	if flag.NArg() > 0 {
+		fail(fmt.Errorf("unexpected arguments %q (flags only; see -h)", flag.Args()))
+	}
 	if cfg.Pause == 0 {
 		cfg.Pause = 2 * cfg.TTL
 	}
@@ -78,7 +82,11 @@ func main() {
 }
 
 func fail(err error) {
-	fmt.Fprintln(os.Stderr, "settlement:", err)
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "settlement: ") {
+		msg = "settlement: " + msg
+	}
+	fmt.Fprintln(os.Stderr, msg)
 	os.Exit(1)
 }
 

@@ -132,8 +132,20 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	if cfg.Merchants <= 0 || cfg.Workers <= 0 {
 		return Report{}, fmt.Errorf("settlement: --merchants and --workers must be positive (got %d, %d)", cfg.Merchants, cfg.Workers)
 	}
-	if cfg.PauseWorker >= cfg.Workers {
-		return Report{}, fmt.Errorf("settlement: --pause-worker %d is not one of the %d workers", cfg.PauseWorker, cfg.Workers)
+	if cfg.PauseWorker >= cfg.Workers || cfg.PauseWorker < -1 {
+		return Report{}, fmt.Errorf("settlement: --pause-worker %d is not one of the %d workers (or -1 for none)", cfg.PauseWorker, cfg.Workers)
+	}
+	if cfg.PauseWorker >= 0 && cfg.Workers < 2 {
+		return Report{}, fmt.Errorf("settlement: --pause-worker needs at least 2 workers: another one must take over the paused worker's merchant")
+	}
+	if cfg.Pause < 0 {
+		return Report{}, fmt.Errorf("settlement: --pause %v is negative", cfg.Pause)
+	}
+	if err := dlock.ValidateTTL(cfg.TTL); err != nil {
+		return Report{}, fmt.Errorf("settlement: --ttl: %w", err)
+	}
+	if _, err := time.Parse("2006-01-02", cfg.Date); err != nil {
+		return Report{}, fmt.Errorf("settlement: --date %q is not a date (YYYY-MM-DD)", cfg.Date)
 	}
 	setup, err := openLedger(ctx, cfg.Ledger)
 	if err != nil {

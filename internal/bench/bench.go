@@ -48,7 +48,7 @@ func (c *Config) defaults() {
 		c.ContendedClients = []int{8, 64}
 	}
 	if c.Duration <= 0 {
-		c.Duration = 3 * time.Second
+		c.Duration = 3 * time.Second // zero or negative: the default
 	}
 	if c.HoldKeys <= 0 {
 		c.HoldKeys = 100_000
@@ -110,6 +110,11 @@ type Report struct {
 // Run runs every workload against every store, one after the other.
 func Run(ctx context.Context, cfg Config) (Report, error) {
 	cfg.defaults()
+	for _, n := range append(slices.Clone(cfg.Clients), cfg.ContendedClients...) {
+		if n < 1 || n > 10_000 {
+			return Report{}, fmt.Errorf("bench: client count %d is outside [1, 10000]", n)
+		}
+	}
 	var rep Report
 	for _, store := range cfg.Stores {
 		for _, n := range cfg.Clients {
