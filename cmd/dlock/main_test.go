@@ -408,3 +408,25 @@ func TestRelease_ForceRemovesDeadHoldersGrant(t *testing.T) {
 	}
 	wantCode(t, dlock(t, store, "run", "force:key", "--", "true"), 0)
 }
+
+// TestRun_KilledDlockTakesItsCommandAlong: when dlock itself is killed
+// (SIGKILL, OOM), its command must not run on without a lease.
+func TestRun_KilledDlockTakesItsCommandAlong(t *testing.T) {
+	r := testservers.StartRedis(t)
+	pidFile := filepath.Join(t.TempDir(), "child.pid")
+	cmd := command(r.URL(), "run", "--ttl", "2s", "killed:key", "--", "sh", "-c", "echo $$ > "+pidFile+"; exec sleep 60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	child := readPID(t, pidFile)
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	deadline := time.Now().Add(2 * time.Second)
+	for processAlive(child) {
+		if time.Now().After(deadline) {
+			_ = syscall.Kill(child, syscall.SIGKILL)
+			t.Fatalf("command %d still running after dlock was killed", child)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

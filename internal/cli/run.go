@@ -159,7 +159,12 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, key string, arg
 	child := exec.Command(argv[0], argv[1:]...)
 	child.Env = env
 	child.Stdin, child.Stdout, child.Stderr = g.stdin, g.stdout, g.stderr
-	child.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Own process group (signals reach the whole command); and if dlock
+	// itself dies (SIGKILL, OOM kill), the kernel kills the command, which
+	// would otherwise run on without a lease. Processes the command put in
+	// the background outlive a SIGKILLed dlock: the kernel signals only the
+	// direct child.
+	child.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 
 	// Forward SIGINT and SIGTERM to the command's group; dlock itself keeps
 	// running until the command ends, then releases.
