@@ -87,3 +87,18 @@ func (d *dec) dur() time.Duration {
 }
 
 func (d *dec) boolean() bool { return d.byte1() == 1 }
+
+// bytes reads what enc.u64(len) then the bytes wrote, as a copy.
+func (d *dec) bytes() []byte {
+	n := d.u64()
+	if d.err != nil {
+		return nil
+	}
+	if n > uint64(len(d.b)) {
+		d.err = errCorrupt
+		return nil
+	}
+	v := append([]byte(nil), d.b[:n]...)
+	d.b = d.b[n:]
+	return v
+}

@@ -19,9 +19,11 @@
 // FIFO queue of waiters) is the Raft FSM. Apply is deterministic: it reads no
 // clock, no randomness and does no I/O; limits it enforces (waiters per key,
 // leases per server) travel inside each command. The whole table is
-// snapshotted and restored. The log and stable store are a bbolt file
-// (hashicorp/raft-boltdb/v2) in Config.DataDir, fsynced on every batch;
-// snapshots are files in the same directory.
+// snapshotted and restored. The log is hashicorp/raft-wal in
+// Config.DataDir/wal (segment files, one write and one fsync per batch); the
+// stable store (term, vote) is a bbolt file (hashicorp/raft-boltdb/v2),
+// raft.db. A data directory whose log is in raft.db (written by an earlier
+// version) keeps its log there. Snapshots are files in the same directory.
 //
 // The fence of a grant is the Raft log index of the entry that made it, so
 // fences are globally increasing, never reused, and survive restarts.
@@ -111,6 +113,15 @@
 // lease, RESOURCE_EXHAUSTED 429 or 413 for limits, UNAVAILABLE 503 when not
 // the leader or shutting down). A request is validated whole before any
 // proposal, so a malformed request never changes the state.
+//
+// Clients that make many calls use Session, one long-lived bidirectional
+// stream per client that carries Acquire (without wait), Release and Renew
+// calls matched by id, answered in any order: a call costs one small message
+// each way instead of a new HTTP/2 stream (headers, trailers, a stream
+// worker). Each call keeps the meaning of its unary RPC: it is answered
+// after its log entry is committed and fsynced, and cancelling it (a cancel
+// message, or the stream's end) undoes an acquisition as a unary call's
+// cancellation does.
 //
 // # Transport
 //

@@ -58,5 +58,5 @@ func Example() {
 	fmt.Println("second client:", err)
 	// Output:
 	// granted: true fence > 0: true
-	// second client: dlockd: acquire "payouts": lock held
+	// second client: lock held
 }

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,11 +20,16 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	raftwal "github.com/hashicorp/raft-wal"
+	"github.com/hashicorp/raft-wal/metadb"
 	"go.etcd.io/bbolt"
 	"google.golang.org/grpc"
 
 	dlockv1 "github.com/dlock-dev/dlock/proto/dlock/v1"
 )
+
+// walDir is the directory of the Raft log under Config.DataDir.
+const walDir = "wal"
 
 // ErrServerClosed is returned by Start on a server that was shut down.
 var ErrServerClosed = errors.New("dlockd: server closed")
@@ -40,10 +46,13 @@ type Server struct {
 	waits    waitRegistry
 	sessions sessionHub
 	metrics  *metrics
+	calls    *callPool // runs Session calls
 
 	raft      *raft.Raft
 	transport *raft.NetworkTransport
-	store     *raftboltdb.BoltStore
+	store     *raftboltdb.BoltStore // stable store, and the log of old data directories
+	wal       *raftwal.WAL          // the log (hashicorp/raft-wal)
+	walMeta   *metadb.BoltMetaDB    // raft-wal's meta store, closed by the server
 
 	ln      net.Listener
 	mux     *connMux
@@ -118,7 +127,26 @@ func (s *Server) Start() (err error) {
 	if err != nil {
 		return fmt.Errorf("dlockd: open raft log in %s (is another dlockd using it?): %w", s.cfg.DataDir, err)
 	}
-	logs, err := raft.NewLogCache(4096, s.store)
+	// The log is hashicorp/raft-wal in DataDir/wal: segment files written
+	// with one write and one fsync per batch, no B-tree and no msgpack. The
+	// bbolt file keeps the stable store (term, vote). A data directory
+	// written by a version that kept the log in bbolt goes on using it, and
+	// so does -unsafe-no-fsync (raft-wal always syncs).
+	var logStore raft.LogStore = s.store
+	walPath := filepath.Join(s.cfg.DataDir, walDir)
+	if _, statErr := os.Stat(walPath); statErr == nil || (!s.cfg.NoSync && !s.boltHasLogs()) {
+		if err := os.MkdirAll(walPath, 0o750); err != nil {
+			return fmt.Errorf("dlockd: raft log dir: %w", err)
+		}
+		// raft-wal v0.4.0's Close leaves its meta store open (and its file
+		// lock held), so the server owns the meta store and closes it.
+		s.walMeta = &metadb.BoltMetaDB{}
+		if s.wal, err = raftwal.Open(walPath, raftwal.WithLogger(rlog), raftwal.WithMetaStore(s.walMeta)); err != nil {
+			return fmt.Errorf("dlockd: open raft log %s: %w", walPath, err)
+		}
+		logStore = s.wal
+	}
+	logs, err := raft.NewLogCache(4096, logStore)
 	if err != nil {
 		return fmt.Errorf("dlockd: log cache: %w", err)
 	}
@@ -175,6 +203,7 @@ func (s *Server) Start() (err error) {
 		return fmt.Errorf("dlockd: listen: %w", err)
 	}
 	s.mux = newConnMux(s.ln)
+	s.calls = newCallPool(8*runtime.GOMAXPROCS(0), s.stopCh)
 	s.grpcSrv = newGRPCServer(s)
 	s.httpSrv = &http.Server{
 		Handler:           newHTTPHandler(s),
@@ -194,6 +223,13 @@ func (s *Server) Start() (err error) {
 	s.log.Info("dlockd listening", "listen", s.ln.Addr().String(), "data", s.cfg.DataDir,
 		"raft", string(s.transport.LocalAddr()), "node", s.cfg.NodeID, "url", "dlockd://"+s.ln.Addr().String())
 	return nil
+}
+
+// boltHasLogs reports whether the bbolt file holds log entries (a data
+// directory of a version without raft.wal).
+func (s *Server) boltHasLogs() bool {
+	last, err := s.store.LastIndex()
+	return err != nil || last > 0
 }
 
 func (s *Server) raftLogger() hclog.Logger {
@@ -306,6 +342,12 @@ func (s *Server) teardown() {
 	}
 	if s.transport != nil {
 		_ = s.transport.Close()
+	}
+	if s.wal != nil {
+		_ = s.wal.Close()
+	}
+	if s.walMeta != nil {
+		_ = s.walMeta.Close()
 	}
 	if s.store != nil {
 		_ = s.store.Close()

@@ -24,7 +24,8 @@ import (
 // The benchmarks run the dlockd binary in a subprocess, fsync on, single
 // node, with the clients in this process.
 
-// benchArgs: DLOCKD_BENCH_NO_FSYNC=1 runs the server without fsync, to
+// benchArgs: DLOCKD_BENCH_NO_SESSION=1 makes the clients use unary RPCs
+// instead of their Session stream; DLOCKD_BENCH_NO_FSYNC=1 runs the server without fsync, to
 // separate the disk's cost from the rest; DLOCKD_BENCH_ARGS adds flags.
 func benchArgs() []string {
 	args := strings.Fields(os.Getenv("DLOCKD_BENCH_ARGS"))
@@ -38,7 +39,7 @@ func dialN(b *testing.B, addr string, n int) []*dlockddriver.Driver {
 	b.Helper()
 	ds := make([]*dlockddriver.Driver, n)
 	for i := range ds {
-		d, err := dlockddriver.Dial(addr, &dlockddriver.Options{NoWatch: true})
+		d, err := dlockddriver.Dial(addr, &dlockddriver.Options{NoWatch: true, NoSession: os.Getenv("DLOCKD_BENCH_NO_SESSION") == "1"})
 		if err != nil {
 			b.Fatal(err)
 		}

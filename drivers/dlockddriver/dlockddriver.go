@@ -20,6 +20,11 @@
 //     While the stream is down, loss is found by renewals and the validity
 //     deadline instead.
 //
+// TryAcquire, Release and Renew travel on one Session stream per Driver,
+// shared by all its calls (one message each way per call); while the stream
+// is not open (at start, after a failure, or with an older server) they use
+// the unary RPCs. Options.NoSession forces unary RPCs.
+//
 // Beyond the driver interfaces, Driver has RenewBatch (many grants in one
 // request) and CheckFence (Chubby's sequencer check: is fence F the current
 // grant of key K — a weaker check than a resource that stores fences).
@@ -43,6 +48,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -79,6 +85,9 @@ type Options struct {
 	CleanupTimeout time.Duration
 	// NoWatch turns the loss-push stream off: Grant.Lost stays nil.
 	NoWatch bool
+	// NoSession makes every call a unary RPC instead of a message on the
+	// Driver's Session stream (which costs less per call).
+	NoSession bool
 }
 
 // Driver is a dlockd client. It is safe for concurrent use. Two Drivers are
@@ -95,7 +104,9 @@ type Driver struct {
 
 	watchCtx    context.Context
 	watchCancel context.CancelFunc
-	watchWG     sync.WaitGroup
+	watchWG     sync.WaitGroup // the Watch and Session loops
+
+	calls atomic.Pointer[callStream] // the Session stream; nil: use unary RPCs
 }
 
 type grantKey struct{ key, owner string }
@@ -175,6 +186,10 @@ func newDriver(cc grpc.ClientConnInterface, opts *Options) *Driver {
 		d.watchWG.Add(1)
 		go d.watchLoop()
 	}
+	if !opts.NoSession {
+		d.watchWG.Add(1)
+		go d.sessionLoop()
+	}
 	return d
 }
 
@@ -212,7 +227,15 @@ func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (dri
 	if d.isClosed() {
 		return driver.Grant{}, driver.ErrClosed
 	}
-	resp, err := d.client.Acquire(ctx, d.acquireReq(req, false))
+	areq := d.acquireReq(req, false)
+	sresp, err := d.invoke(ctx, &dlockv1.SessionRequest{Call: &dlockv1.SessionRequest_Acquire{Acquire: areq}})
+	if err == nil {
+		return d.grant(req, sresp.GetAcquire().GetFence()), nil
+	}
+	if err != errNoStream {
+		return driver.Grant{}, mapErr(ctx, "acquire", req.Key, err)
+	}
+	resp, err := d.client.Acquire(ctx, areq)
 	if err != nil {
 		return driver.Grant{}, mapErr(ctx, "acquire", req.Key, err)
 	}
@@ -399,7 +422,13 @@ func (d *Driver) RenewBatch(ctx context.Context, items []RenewItem) ([]error, er
 			req.Items[i].Ttl = durationpb.New(it.TTL)
 		}
 	}
-	resp, err := d.client.Renew(ctx, req)
+	var resp *dlockv1.RenewResponse
+	sresp, err := d.invoke(ctx, &dlockv1.SessionRequest{Call: &dlockv1.SessionRequest_Renew{Renew: req}})
+	if err == nil {
+		resp = sresp.GetRenew()
+	} else if err == errNoStream {
+		resp, err = d.client.Renew(ctx, req)
+	}
 	if err != nil {
 		key := ""
 		if len(items) == 1 {
@@ -425,7 +454,11 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 	if d.isClosed() {
 		return driver.ErrClosed
 	}
-	_, err := d.client.Release(ctx, &dlockv1.ReleaseRequest{Key: key, Owner: owner})
+	rreq := &dlockv1.ReleaseRequest{Key: key, Owner: owner}
+	_, err := d.invoke(ctx, &dlockv1.SessionRequest{Call: &dlockv1.SessionRequest_Release{Release: rreq}})
+	if err == errNoStream {
+		_, err = d.client.Release(ctx, rreq)
+	}
 	if err != nil {
 		err = mapErr(ctx, "release", key, err)
 		if errors.Is(err, driver.ErrLeaseLost) {

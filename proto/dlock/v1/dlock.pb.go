@@ -80,7 +80,7 @@ func (x WaitEvent_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WaitEvent_Type.Descriptor instead.
 func (WaitEvent_Type) EnumDescriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{2, 0}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{4, 0}
 }
 
 type WatchEvent_Type int32
@@ -131,8 +131,259 @@ func (x WatchEvent_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchEvent_Type.Descriptor instead.
 func (WatchEvent_Type) EnumDescriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{19, 0}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{21, 0}
 }
+
+// SessionRequest is one call on a Session stream.
+type SessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Id names the call in its response; chosen by the client, unique among
+	// the stream's running calls.
+	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Types that are valid to be assigned to Call:
+	//
+	//	*SessionRequest_Acquire
+	//	*SessionRequest_Release
+	//	*SessionRequest_Renew
+	//	*SessionRequest_Cancel
+	Call          isSessionRequest_Call `protobuf_oneof:"call"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionRequest) Reset() {
+	*x = SessionRequest{}
+	mi := &file_dlock_v1_dlock_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionRequest) ProtoMessage() {}
+
+func (x *SessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dlock_v1_dlock_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionRequest.ProtoReflect.Descriptor instead.
+func (*SessionRequest) Descriptor() ([]byte, []int) {
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *SessionRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *SessionRequest) GetCall() isSessionRequest_Call {
+	if x != nil {
+		return x.Call
+	}
+	return nil
+}
+
+func (x *SessionRequest) GetAcquire() *AcquireRequest {
+	if x != nil {
+		if x, ok := x.Call.(*SessionRequest_Acquire); ok {
+			return x.Acquire
+		}
+	}
+	return nil
+}
+
+func (x *SessionRequest) GetRelease() *ReleaseRequest {
+	if x != nil {
+		if x, ok := x.Call.(*SessionRequest_Release); ok {
+			return x.Release
+		}
+	}
+	return nil
+}
+
+func (x *SessionRequest) GetRenew() *RenewRequest {
+	if x != nil {
+		if x, ok := x.Call.(*SessionRequest_Renew); ok {
+			return x.Renew
+		}
+	}
+	return nil
+}
+
+func (x *SessionRequest) GetCancel() bool {
+	if x != nil {
+		if x, ok := x.Call.(*SessionRequest_Cancel); ok {
+			return x.Cancel
+		}
+	}
+	return false
+}
+
+type isSessionRequest_Call interface {
+	isSessionRequest_Call()
+}
+
+type SessionRequest_Acquire struct {
+	Acquire *AcquireRequest `protobuf:"bytes,2,opt,name=acquire,proto3,oneof"`
+}
+
+type SessionRequest_Release struct {
+	Release *ReleaseRequest `protobuf:"bytes,3,opt,name=release,proto3,oneof"`
+}
+
+type SessionRequest_Renew struct {
+	Renew *RenewRequest `protobuf:"bytes,4,opt,name=renew,proto3,oneof"`
+}
+
+type SessionRequest_Cancel struct {
+	// Cancel cancels the running call with this id; it gets no response of
+	// its own.
+	Cancel bool `protobuf:"varint,5,opt,name=cancel,proto3,oneof"`
+}
+
+func (*SessionRequest_Acquire) isSessionRequest_Call() {}
+
+func (*SessionRequest_Release) isSessionRequest_Call() {}
+
+func (*SessionRequest_Renew) isSessionRequest_Call() {}
+
+func (*SessionRequest_Cancel) isSessionRequest_Call() {}
+
+// SessionResponse answers the call with the same id: code is the gRPC status
+// code (0: OK, then one result is set) and message the status message.
+type SessionResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Id      uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Code    int32                  `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
+	Message string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	// Types that are valid to be assigned to Result:
+	//
+	//	*SessionResponse_Acquire
+	//	*SessionResponse_Release
+	//	*SessionResponse_Renew
+	Result        isSessionResponse_Result `protobuf_oneof:"result"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionResponse) Reset() {
+	*x = SessionResponse{}
+	mi := &file_dlock_v1_dlock_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionResponse) ProtoMessage() {}
+
+func (x *SessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dlock_v1_dlock_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionResponse.ProtoReflect.Descriptor instead.
+func (*SessionResponse) Descriptor() ([]byte, []int) {
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SessionResponse) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *SessionResponse) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *SessionResponse) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *SessionResponse) GetResult() isSessionResponse_Result {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *SessionResponse) GetAcquire() *AcquireResponse {
+	if x != nil {
+		if x, ok := x.Result.(*SessionResponse_Acquire); ok {
+			return x.Acquire
+		}
+	}
+	return nil
+}
+
+func (x *SessionResponse) GetRelease() *ReleaseResponse {
+	if x != nil {
+		if x, ok := x.Result.(*SessionResponse_Release); ok {
+			return x.Release
+		}
+	}
+	return nil
+}
+
+func (x *SessionResponse) GetRenew() *RenewResponse {
+	if x != nil {
+		if x, ok := x.Result.(*SessionResponse_Renew); ok {
+			return x.Renew
+		}
+	}
+	return nil
+}
+
+type isSessionResponse_Result interface {
+	isSessionResponse_Result()
+}
+
+type SessionResponse_Acquire struct {
+	Acquire *AcquireResponse `protobuf:"bytes,4,opt,name=acquire,proto3,oneof"`
+}
+
+type SessionResponse_Release struct {
+	Release *ReleaseResponse `protobuf:"bytes,5,opt,name=release,proto3,oneof"`
+}
+
+type SessionResponse_Renew struct {
+	Renew *RenewResponse `protobuf:"bytes,6,opt,name=renew,proto3,oneof"`
+}
+
+func (*SessionResponse_Acquire) isSessionResponse_Result() {}
+
+func (*SessionResponse_Release) isSessionResponse_Result() {}
+
+func (*SessionResponse_Renew) isSessionResponse_Result() {}
 
 type AcquireRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -157,7 +408,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[0]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -169,7 +420,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[0]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -182,7 +433,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{0}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *AcquireRequest) GetKey() string {
@@ -241,7 +492,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[1]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -253,7 +504,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[1]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -266,7 +517,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{1}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *AcquireResponse) GetKey() string {
@@ -308,7 +559,7 @@ type WaitEvent struct {
 
 func (x *WaitEvent) Reset() {
 	*x = WaitEvent{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[2]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -320,7 +571,7 @@ func (x *WaitEvent) String() string {
 func (*WaitEvent) ProtoMessage() {}
 
 func (x *WaitEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[2]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -333,7 +584,7 @@ func (x *WaitEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitEvent.ProtoReflect.Descriptor instead.
 func (*WaitEvent) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{2}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *WaitEvent) GetType() WaitEvent_Type {
@@ -369,7 +620,7 @@ type RenewItem struct {
 
 func (x *RenewItem) Reset() {
 	*x = RenewItem{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[3]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -381,7 +632,7 @@ func (x *RenewItem) String() string {
 func (*RenewItem) ProtoMessage() {}
 
 func (x *RenewItem) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[3]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -394,7 +645,7 @@ func (x *RenewItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewItem.ProtoReflect.Descriptor instead.
 func (*RenewItem) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{3}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RenewItem) GetKey() string {
@@ -427,7 +678,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[4]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -439,7 +690,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[4]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -452,7 +703,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{4}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RenewRequest) GetItems() []*RenewItem {
@@ -476,7 +727,7 @@ type RenewResult struct {
 
 func (x *RenewResult) Reset() {
 	*x = RenewResult{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[5]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -488,7 +739,7 @@ func (x *RenewResult) String() string {
 func (*RenewResult) ProtoMessage() {}
 
 func (x *RenewResult) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[5]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -501,7 +752,7 @@ func (x *RenewResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResult.ProtoReflect.Descriptor instead.
 func (*RenewResult) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{5}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RenewResult) GetKey() string {
@@ -542,7 +793,7 @@ type RenewResponse struct {
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[6]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -554,7 +805,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[6]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -567,7 +818,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{6}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RenewResponse) GetResults() []*RenewResult {
@@ -587,7 +838,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[7]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -599,7 +850,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[7]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -612,7 +863,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{7}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReleaseRequest) GetKey() string {
@@ -639,7 +890,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[8]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -651,7 +902,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[8]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -664,7 +915,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{8}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReleaseResponse) GetNextFence() uint64 {
@@ -684,7 +935,7 @@ type CancelWaitRequest struct {
 
 func (x *CancelWaitRequest) Reset() {
 	*x = CancelWaitRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[9]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -696,7 +947,7 @@ func (x *CancelWaitRequest) String() string {
 func (*CancelWaitRequest) ProtoMessage() {}
 
 func (x *CancelWaitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[9]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -709,7 +960,7 @@ func (x *CancelWaitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelWaitRequest.ProtoReflect.Descriptor instead.
 func (*CancelWaitRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{9}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CancelWaitRequest) GetKey() string {
@@ -738,7 +989,7 @@ type CancelWaitResponse struct {
 
 func (x *CancelWaitResponse) Reset() {
 	*x = CancelWaitResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[10]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -750,7 +1001,7 @@ func (x *CancelWaitResponse) String() string {
 func (*CancelWaitResponse) ProtoMessage() {}
 
 func (x *CancelWaitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[10]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -763,7 +1014,7 @@ func (x *CancelWaitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelWaitResponse.ProtoReflect.Descriptor instead.
 func (*CancelWaitResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{10}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CancelWaitResponse) GetDequeued() bool {
@@ -790,7 +1041,7 @@ type CheckFenceRequest struct {
 
 func (x *CheckFenceRequest) Reset() {
 	*x = CheckFenceRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[11]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -802,7 +1053,7 @@ func (x *CheckFenceRequest) String() string {
 func (*CheckFenceRequest) ProtoMessage() {}
 
 func (x *CheckFenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[11]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -815,7 +1066,7 @@ func (x *CheckFenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckFenceRequest.ProtoReflect.Descriptor instead.
 func (*CheckFenceRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{11}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CheckFenceRequest) GetKey() string {
@@ -844,7 +1095,7 @@ type CheckFenceResponse struct {
 
 func (x *CheckFenceResponse) Reset() {
 	*x = CheckFenceResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[12]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -856,7 +1107,7 @@ func (x *CheckFenceResponse) String() string {
 func (*CheckFenceResponse) ProtoMessage() {}
 
 func (x *CheckFenceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[12]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -869,7 +1120,7 @@ func (x *CheckFenceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckFenceResponse.ProtoReflect.Descriptor instead.
 func (*CheckFenceResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{12}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CheckFenceResponse) GetCurrent() bool {
@@ -895,7 +1146,7 @@ type InspectRequest struct {
 
 func (x *InspectRequest) Reset() {
 	*x = InspectRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[13]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -907,7 +1158,7 @@ func (x *InspectRequest) String() string {
 func (*InspectRequest) ProtoMessage() {}
 
 func (x *InspectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[13]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -920,7 +1171,7 @@ func (x *InspectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectRequest.ProtoReflect.Descriptor instead.
 func (*InspectRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{13}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *InspectRequest) GetKey() string {
@@ -946,7 +1197,7 @@ type HolderInfo struct {
 
 func (x *HolderInfo) Reset() {
 	*x = HolderInfo{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[14]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -958,7 +1209,7 @@ func (x *HolderInfo) String() string {
 func (*HolderInfo) ProtoMessage() {}
 
 func (x *HolderInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[14]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -971,7 +1222,7 @@ func (x *HolderInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HolderInfo.ProtoReflect.Descriptor instead.
 func (*HolderInfo) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{14}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *HolderInfo) GetKey() string {
@@ -1029,7 +1280,7 @@ type InspectResponse struct {
 
 func (x *InspectResponse) Reset() {
 	*x = InspectResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[15]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1041,7 +1292,7 @@ func (x *InspectResponse) String() string {
 func (*InspectResponse) ProtoMessage() {}
 
 func (x *InspectResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[15]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1054,7 +1305,7 @@ func (x *InspectResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectResponse.ProtoReflect.Descriptor instead.
 func (*InspectResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{15}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *InspectResponse) GetHeld() bool {
@@ -1089,7 +1340,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[16]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1101,7 +1352,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[16]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1114,7 +1365,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{16}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListRequest) GetPrefix() string {
@@ -1140,7 +1391,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[17]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1152,7 +1403,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[17]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1165,7 +1416,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{17}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListResponse) GetHolders() []*HolderInfo {
@@ -1185,7 +1436,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[18]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1197,7 +1448,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[18]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1210,7 +1461,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{18}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WatchRequest) GetSession() string {
@@ -1232,7 +1483,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[19]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1244,7 +1495,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[19]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1257,7 +1508,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{19}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WatchEvent) GetType() WatchEvent_Type {
@@ -1292,7 +1543,22 @@ var File_dlock_v1_dlock_proto protoreflect.FileDescriptor
 
 const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\n" +
-	"\x14dlock/v1/dlock.proto\x12\bdlock.v1\x1a\x1egoogle/protobuf/duration.proto\"\xab\x01\n" +
+	"\x14dlock/v1/dlock.proto\x12\bdlock.v1\x1a\x1egoogle/protobuf/duration.proto\"\xde\x01\n" +
+	"\x0eSessionRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x124\n" +
+	"\aacquire\x18\x02 \x01(\v2\x18.dlock.v1.AcquireRequestH\x00R\aacquire\x124\n" +
+	"\arelease\x18\x03 \x01(\v2\x18.dlock.v1.ReleaseRequestH\x00R\arelease\x12.\n" +
+	"\x05renew\x18\x04 \x01(\v2\x16.dlock.v1.RenewRequestH\x00R\x05renew\x12\x18\n" +
+	"\x06cancel\x18\x05 \x01(\bH\x00R\x06cancelB\x06\n" +
+	"\x04call\"\xf8\x01\n" +
+	"\x0fSessionResponse\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
+	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x125\n" +
+	"\aacquire\x18\x04 \x01(\v2\x19.dlock.v1.AcquireResponseH\x00R\aacquire\x125\n" +
+	"\arelease\x18\x05 \x01(\v2\x19.dlock.v1.ReleaseResponseH\x00R\arelease\x12/\n" +
+	"\x05renew\x18\x06 \x01(\v2\x17.dlock.v1.RenewResponseH\x00R\x05renewB\b\n" +
+	"\x06result\"\xab\x01\n" +
 	"\x0eAcquireRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12+\n" +
@@ -1376,7 +1642,7 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\x04Type\x12\x14\n" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\t\n" +
 	"\x05READY\x10\x01\x12\b\n" +
-	"\x04LOST\x10\x022\xbd\x04\n" +
+	"\x04LOST\x10\x022\x81\x05\n" +
 	"\x04Lock\x12>\n" +
 	"\aAcquire\x12\x18.dlock.v1.AcquireRequest\x1a\x19.dlock.v1.AcquireResponse\x129\n" +
 	"\x04Wait\x12\x18.dlock.v1.AcquireRequest\x1a\x13.dlock.v1.WaitEvent(\x010\x01\x128\n" +
@@ -1388,7 +1654,8 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"CheckFence\x12\x1b.dlock.v1.CheckFenceRequest\x1a\x1c.dlock.v1.CheckFenceResponse\x12>\n" +
 	"\aInspect\x12\x18.dlock.v1.InspectRequest\x1a\x19.dlock.v1.InspectResponse\x125\n" +
 	"\x04List\x12\x15.dlock.v1.ListRequest\x1a\x16.dlock.v1.ListResponse\x127\n" +
-	"\x05Watch\x12\x16.dlock.v1.WatchRequest\x1a\x14.dlock.v1.WatchEvent0\x01B3Z1github.com/dlock-dev/dlock/proto/dlock/v1;dlockv1b\x06proto3"
+	"\x05Watch\x12\x16.dlock.v1.WatchRequest\x1a\x14.dlock.v1.WatchEvent0\x01\x12B\n" +
+	"\aSession\x12\x18.dlock.v1.SessionRequest\x1a\x19.dlock.v1.SessionResponse(\x010\x01B3Z1github.com/dlock-dev/dlock/proto/dlock/v1;dlockv1b\x06proto3"
 
 var (
 	file_dlock_v1_dlock_proto_rawDescOnce sync.Once
@@ -1403,68 +1670,78 @@ func file_dlock_v1_dlock_proto_rawDescGZIP() []byte {
 }
 
 var file_dlock_v1_dlock_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_dlock_v1_dlock_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_dlock_v1_dlock_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_dlock_v1_dlock_proto_goTypes = []any{
 	(WaitEvent_Type)(0),         // 0: dlock.v1.WaitEvent.Type
 	(WatchEvent_Type)(0),        // 1: dlock.v1.WatchEvent.Type
-	(*AcquireRequest)(nil),      // 2: dlock.v1.AcquireRequest
-	(*AcquireResponse)(nil),     // 3: dlock.v1.AcquireResponse
-	(*WaitEvent)(nil),           // 4: dlock.v1.WaitEvent
-	(*RenewItem)(nil),           // 5: dlock.v1.RenewItem
-	(*RenewRequest)(nil),        // 6: dlock.v1.RenewRequest
-	(*RenewResult)(nil),         // 7: dlock.v1.RenewResult
-	(*RenewResponse)(nil),       // 8: dlock.v1.RenewResponse
-	(*ReleaseRequest)(nil),      // 9: dlock.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),     // 10: dlock.v1.ReleaseResponse
-	(*CancelWaitRequest)(nil),   // 11: dlock.v1.CancelWaitRequest
-	(*CancelWaitResponse)(nil),  // 12: dlock.v1.CancelWaitResponse
-	(*CheckFenceRequest)(nil),   // 13: dlock.v1.CheckFenceRequest
-	(*CheckFenceResponse)(nil),  // 14: dlock.v1.CheckFenceResponse
-	(*InspectRequest)(nil),      // 15: dlock.v1.InspectRequest
-	(*HolderInfo)(nil),          // 16: dlock.v1.HolderInfo
-	(*InspectResponse)(nil),     // 17: dlock.v1.InspectResponse
-	(*ListRequest)(nil),         // 18: dlock.v1.ListRequest
-	(*ListResponse)(nil),        // 19: dlock.v1.ListResponse
-	(*WatchRequest)(nil),        // 20: dlock.v1.WatchRequest
-	(*WatchEvent)(nil),          // 21: dlock.v1.WatchEvent
-	(*durationpb.Duration)(nil), // 22: google.protobuf.Duration
+	(*SessionRequest)(nil),      // 2: dlock.v1.SessionRequest
+	(*SessionResponse)(nil),     // 3: dlock.v1.SessionResponse
+	(*AcquireRequest)(nil),      // 4: dlock.v1.AcquireRequest
+	(*AcquireResponse)(nil),     // 5: dlock.v1.AcquireResponse
+	(*WaitEvent)(nil),           // 6: dlock.v1.WaitEvent
+	(*RenewItem)(nil),           // 7: dlock.v1.RenewItem
+	(*RenewRequest)(nil),        // 8: dlock.v1.RenewRequest
+	(*RenewResult)(nil),         // 9: dlock.v1.RenewResult
+	(*RenewResponse)(nil),       // 10: dlock.v1.RenewResponse
+	(*ReleaseRequest)(nil),      // 11: dlock.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),     // 12: dlock.v1.ReleaseResponse
+	(*CancelWaitRequest)(nil),   // 13: dlock.v1.CancelWaitRequest
+	(*CancelWaitResponse)(nil),  // 14: dlock.v1.CancelWaitResponse
+	(*CheckFenceRequest)(nil),   // 15: dlock.v1.CheckFenceRequest
+	(*CheckFenceResponse)(nil),  // 16: dlock.v1.CheckFenceResponse
+	(*InspectRequest)(nil),      // 17: dlock.v1.InspectRequest
+	(*HolderInfo)(nil),          // 18: dlock.v1.HolderInfo
+	(*InspectResponse)(nil),     // 19: dlock.v1.InspectResponse
+	(*ListRequest)(nil),         // 20: dlock.v1.ListRequest
+	(*ListResponse)(nil),        // 21: dlock.v1.ListResponse
+	(*WatchRequest)(nil),        // 22: dlock.v1.WatchRequest
+	(*WatchEvent)(nil),          // 23: dlock.v1.WatchEvent
+	(*durationpb.Duration)(nil), // 24: google.protobuf.Duration
 }
 var file_dlock_v1_dlock_proto_depIdxs = []int32{
-	22, // 0: dlock.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
-	22, // 1: dlock.v1.AcquireResponse.ttl:type_name -> google.protobuf.Duration
-	0,  // 2: dlock.v1.WaitEvent.type:type_name -> dlock.v1.WaitEvent.Type
-	3,  // 3: dlock.v1.WaitEvent.grant:type_name -> dlock.v1.AcquireResponse
-	22, // 4: dlock.v1.RenewItem.ttl:type_name -> google.protobuf.Duration
-	5,  // 5: dlock.v1.RenewRequest.items:type_name -> dlock.v1.RenewItem
-	7,  // 6: dlock.v1.RenewResponse.results:type_name -> dlock.v1.RenewResult
-	22, // 7: dlock.v1.HolderInfo.ttl:type_name -> google.protobuf.Duration
-	22, // 8: dlock.v1.HolderInfo.remaining:type_name -> google.protobuf.Duration
-	16, // 9: dlock.v1.InspectResponse.info:type_name -> dlock.v1.HolderInfo
-	16, // 10: dlock.v1.ListResponse.holders:type_name -> dlock.v1.HolderInfo
-	1,  // 11: dlock.v1.WatchEvent.type:type_name -> dlock.v1.WatchEvent.Type
-	2,  // 12: dlock.v1.Lock.Acquire:input_type -> dlock.v1.AcquireRequest
-	2,  // 13: dlock.v1.Lock.Wait:input_type -> dlock.v1.AcquireRequest
-	6,  // 14: dlock.v1.Lock.Renew:input_type -> dlock.v1.RenewRequest
-	9,  // 15: dlock.v1.Lock.Release:input_type -> dlock.v1.ReleaseRequest
-	11, // 16: dlock.v1.Lock.CancelWait:input_type -> dlock.v1.CancelWaitRequest
-	13, // 17: dlock.v1.Lock.CheckFence:input_type -> dlock.v1.CheckFenceRequest
-	15, // 18: dlock.v1.Lock.Inspect:input_type -> dlock.v1.InspectRequest
-	18, // 19: dlock.v1.Lock.List:input_type -> dlock.v1.ListRequest
-	20, // 20: dlock.v1.Lock.Watch:input_type -> dlock.v1.WatchRequest
-	3,  // 21: dlock.v1.Lock.Acquire:output_type -> dlock.v1.AcquireResponse
-	4,  // 22: dlock.v1.Lock.Wait:output_type -> dlock.v1.WaitEvent
-	8,  // 23: dlock.v1.Lock.Renew:output_type -> dlock.v1.RenewResponse
-	10, // 24: dlock.v1.Lock.Release:output_type -> dlock.v1.ReleaseResponse
-	12, // 25: dlock.v1.Lock.CancelWait:output_type -> dlock.v1.CancelWaitResponse
-	14, // 26: dlock.v1.Lock.CheckFence:output_type -> dlock.v1.CheckFenceResponse
-	17, // 27: dlock.v1.Lock.Inspect:output_type -> dlock.v1.InspectResponse
-	19, // 28: dlock.v1.Lock.List:output_type -> dlock.v1.ListResponse
-	21, // 29: dlock.v1.Lock.Watch:output_type -> dlock.v1.WatchEvent
-	21, // [21:30] is the sub-list for method output_type
-	12, // [12:21] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	4,  // 0: dlock.v1.SessionRequest.acquire:type_name -> dlock.v1.AcquireRequest
+	11, // 1: dlock.v1.SessionRequest.release:type_name -> dlock.v1.ReleaseRequest
+	8,  // 2: dlock.v1.SessionRequest.renew:type_name -> dlock.v1.RenewRequest
+	5,  // 3: dlock.v1.SessionResponse.acquire:type_name -> dlock.v1.AcquireResponse
+	12, // 4: dlock.v1.SessionResponse.release:type_name -> dlock.v1.ReleaseResponse
+	10, // 5: dlock.v1.SessionResponse.renew:type_name -> dlock.v1.RenewResponse
+	24, // 6: dlock.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
+	24, // 7: dlock.v1.AcquireResponse.ttl:type_name -> google.protobuf.Duration
+	0,  // 8: dlock.v1.WaitEvent.type:type_name -> dlock.v1.WaitEvent.Type
+	5,  // 9: dlock.v1.WaitEvent.grant:type_name -> dlock.v1.AcquireResponse
+	24, // 10: dlock.v1.RenewItem.ttl:type_name -> google.protobuf.Duration
+	7,  // 11: dlock.v1.RenewRequest.items:type_name -> dlock.v1.RenewItem
+	9,  // 12: dlock.v1.RenewResponse.results:type_name -> dlock.v1.RenewResult
+	24, // 13: dlock.v1.HolderInfo.ttl:type_name -> google.protobuf.Duration
+	24, // 14: dlock.v1.HolderInfo.remaining:type_name -> google.protobuf.Duration
+	18, // 15: dlock.v1.InspectResponse.info:type_name -> dlock.v1.HolderInfo
+	18, // 16: dlock.v1.ListResponse.holders:type_name -> dlock.v1.HolderInfo
+	1,  // 17: dlock.v1.WatchEvent.type:type_name -> dlock.v1.WatchEvent.Type
+	4,  // 18: dlock.v1.Lock.Acquire:input_type -> dlock.v1.AcquireRequest
+	4,  // 19: dlock.v1.Lock.Wait:input_type -> dlock.v1.AcquireRequest
+	8,  // 20: dlock.v1.Lock.Renew:input_type -> dlock.v1.RenewRequest
+	11, // 21: dlock.v1.Lock.Release:input_type -> dlock.v1.ReleaseRequest
+	13, // 22: dlock.v1.Lock.CancelWait:input_type -> dlock.v1.CancelWaitRequest
+	15, // 23: dlock.v1.Lock.CheckFence:input_type -> dlock.v1.CheckFenceRequest
+	17, // 24: dlock.v1.Lock.Inspect:input_type -> dlock.v1.InspectRequest
+	20, // 25: dlock.v1.Lock.List:input_type -> dlock.v1.ListRequest
+	22, // 26: dlock.v1.Lock.Watch:input_type -> dlock.v1.WatchRequest
+	2,  // 27: dlock.v1.Lock.Session:input_type -> dlock.v1.SessionRequest
+	5,  // 28: dlock.v1.Lock.Acquire:output_type -> dlock.v1.AcquireResponse
+	6,  // 29: dlock.v1.Lock.Wait:output_type -> dlock.v1.WaitEvent
+	10, // 30: dlock.v1.Lock.Renew:output_type -> dlock.v1.RenewResponse
+	12, // 31: dlock.v1.Lock.Release:output_type -> dlock.v1.ReleaseResponse
+	14, // 32: dlock.v1.Lock.CancelWait:output_type -> dlock.v1.CancelWaitResponse
+	16, // 33: dlock.v1.Lock.CheckFence:output_type -> dlock.v1.CheckFenceResponse
+	19, // 34: dlock.v1.Lock.Inspect:output_type -> dlock.v1.InspectResponse
+	21, // 35: dlock.v1.Lock.List:output_type -> dlock.v1.ListResponse
+	23, // 36: dlock.v1.Lock.Watch:output_type -> dlock.v1.WatchEvent
+	3,  // 37: dlock.v1.Lock.Session:output_type -> dlock.v1.SessionResponse
+	28, // [28:38] is the sub-list for method output_type
+	18, // [18:28] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_dlock_v1_dlock_proto_init() }
@@ -1472,13 +1749,24 @@ func file_dlock_v1_dlock_proto_init() {
 	if File_dlock_v1_dlock_proto != nil {
 		return
 	}
+	file_dlock_v1_dlock_proto_msgTypes[0].OneofWrappers = []any{
+		(*SessionRequest_Acquire)(nil),
+		(*SessionRequest_Release)(nil),
+		(*SessionRequest_Renew)(nil),
+		(*SessionRequest_Cancel)(nil),
+	}
+	file_dlock_v1_dlock_proto_msgTypes[1].OneofWrappers = []any{
+		(*SessionResponse_Acquire)(nil),
+		(*SessionResponse_Release)(nil),
+		(*SessionResponse_Renew)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dlock_v1_dlock_proto_rawDesc), len(file_dlock_v1_dlock_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   20,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

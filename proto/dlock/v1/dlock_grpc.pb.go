@@ -34,6 +34,7 @@ const (
 	Lock_Inspect_FullMethodName    = "/dlock.v1.Lock/Inspect"
 	Lock_List_FullMethodName       = "/dlock.v1.Lock/List"
 	Lock_Watch_FullMethodName      = "/dlock.v1.Lock/Watch"
+	Lock_Session_FullMethodName    = "/dlock.v1.Lock/Session"
 )
 
 // LockClient is the client API for Lock service.
@@ -79,6 +80,17 @@ type LockClient interface {
 	// Watch streams the events of one client session: a READY event first,
 	// then LOST for each grant made with that session that the server expired.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEvent], error)
+	// Session carries many Acquire (wait = false), Release and Renew calls of
+	// one client over one long-lived stream, so that a call costs one message
+	// each way instead of a new HTTP/2 stream. Calls run concurrently and are
+	// answered in any order, matched by id; each call has exactly the meaning
+	// and the guarantees of its unary RPC (a grant or release is answered
+	// after its log entry is committed and fsynced). A request with cancel set
+	// cancels the running call with the same id, as a unary call's
+	// cancellation would. The server ends the stream with UNAVAILABLE when it
+	// shuts down; calls running on a stream that ends have unknown outcomes,
+	// as unary calls on a broken connection.
+	Session(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SessionRequest, SessionResponse], error)
 }
 
 type lockClient struct {
@@ -191,6 +203,19 @@ func (c *lockClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.C
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Lock_WatchClient = grpc.ServerStreamingClient[WatchEvent]
 
+func (c *lockClient) Session(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SessionRequest, SessionResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Lock_ServiceDesc.Streams[2], Lock_Session_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[SessionRequest, SessionResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Lock_SessionClient = grpc.BidiStreamingClient[SessionRequest, SessionResponse]
+
 // LockServer is the server API for Lock service.
 // All implementations must embed UnimplementedLockServer
 // for forward compatibility.
@@ -234,6 +259,17 @@ type LockServer interface {
 	// Watch streams the events of one client session: a READY event first,
 	// then LOST for each grant made with that session that the server expired.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchEvent]) error
+	// Session carries many Acquire (wait = false), Release and Renew calls of
+	// one client over one long-lived stream, so that a call costs one message
+	// each way instead of a new HTTP/2 stream. Calls run concurrently and are
+	// answered in any order, matched by id; each call has exactly the meaning
+	// and the guarantees of its unary RPC (a grant or release is answered
+	// after its log entry is committed and fsynced). A request with cancel set
+	// cancels the running call with the same id, as a unary call's
+	// cancellation would. The server ends the stream with UNAVAILABLE when it
+	// shuts down; calls running on a stream that ends have unknown outcomes,
+	// as unary calls on a broken connection.
+	Session(grpc.BidiStreamingServer[SessionRequest, SessionResponse]) error
 	mustEmbedUnimplementedLockServer()
 }
 
@@ -270,6 +306,9 @@ func (UnimplementedLockServer) List(context.Context, *ListRequest) (*ListRespons
 }
 func (UnimplementedLockServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchEvent]) error {
 	return status.Error(codes.Unimplemented, "method Watch not implemented")
+}
+func (UnimplementedLockServer) Session(grpc.BidiStreamingServer[SessionRequest, SessionResponse]) error {
+	return status.Error(codes.Unimplemented, "method Session not implemented")
 }
 func (UnimplementedLockServer) mustEmbedUnimplementedLockServer() {}
 func (UnimplementedLockServer) testEmbeddedByValue()              {}
@@ -436,6 +475,13 @@ func _Lock_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Lock_WatchServer = grpc.ServerStreamingServer[WatchEvent]
 
+func _Lock_Session_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(LockServer).Session(&grpc.GenericServerStream[SessionRequest, SessionResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Lock_SessionServer = grpc.BidiStreamingServer[SessionRequest, SessionResponse]
+
 // Lock_ServiceDesc is the grpc.ServiceDesc for Lock service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -483,6 +529,12 @@ var Lock_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "Watch",
 			Handler:       _Lock_Watch_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "Session",
+			Handler:       _Lock_Session_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "dlock/v1/dlock.proto",
