@@ -48,4 +48,5 @@ proto:
 
 ## bench-stores: every store side by side (starts its own servers), written to docs/BENCHMARKS-run.md.
 bench-stores: test-deps
+	mkdir -p docs
 	BENCH_OUT=$(CURDIR)/docs/BENCHMARKS-run.md $(GO) test -run '^$$' -bench SideBySide -benchtime 1x -timeout 60m ./internal/bench
