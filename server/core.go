@@ -70,11 +70,16 @@ func (s *Server) checkKey(key string) error {
 	return nil
 }
 
-// checkToken validates an owner token or session: 1 to 128 bytes of
+// minToken is the shortest owner token or session accepted, in bytes: a
+// token short enough to guess would let a stranger release a grant. (The
+// dlock client sends 32 hex digits, 128 random bits.)
+const minToken = 8
+
+// checkToken validates an owner token or session: minToken to 128 bytes of
 // printable ASCII without spaces.
 func checkToken(what, t string) error {
-	if len(t) == 0 || len(t) > 128 {
-		return apiErr(codes.InvalidArgument, ReasonInvalidOwner, "invalid %s: %d bytes, want 1 to 128", what, len(t))
+	if len(t) < minToken || len(t) > 128 {
+		return apiErr(codes.InvalidArgument, ReasonInvalidOwner, "invalid %s: %d bytes, want %d to 128", what, len(t), minToken)
 	}
 	for i := 0; i < len(t); i++ {
 		if t[i] < 0x21 || t[i] > 0x7e {

@@ -187,6 +187,7 @@ func TestServer_BadInputNeverChangesState(t *testing.T) {
 		{"long TTL", "/v1/acquire", `{"key":"k","ttl":"86401s"}`, 400, "INVALID_TTL"},
 		{"negative TTL", "/v1/acquire", `{"key":"k","ttl":"-1s"}`, 400, "INVALID_TTL"},
 		{"bad owner", "/v1/acquire", `{"key":"k","owner":"has space"}`, 400, "INVALID_OWNER"},
+		{"guessable owner", "/v1/acquire", `{"key":"k","owner":"x"}`, 400, "INVALID_OWNER"},
 		{"malformed JSON", "/v1/acquire", `{"key":`, 400, "INVALID_REQUEST"},
 		{"unknown field", "/v1/acquire", `{"key":"k","bogus":1}`, 400, "INVALID_REQUEST"},
 		{"wrong type", "/v1/acquire", `{"key":5}`, 400, "INVALID_REQUEST"},
