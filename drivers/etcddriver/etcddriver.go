@@ -94,6 +94,7 @@ import (
 	"google.golang.org/grpc/backoff"
 
 	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/internal/urlparam"
 )
 
 func init() {
@@ -199,21 +200,10 @@ func Open(ctx context.Context, u *url.URL) (*Driver, error) {
 	q := u.Query()
 	dialTimeout := 5 * time.Second
 	var opts Options
-	for name, dst := range map[string]*time.Duration{"dial_timeout": &dialTimeout, "op_timeout": &opts.OpTimeout} {
-		if v := q.Get(name); v != "" {
-			d, err := time.ParseDuration(v)
-			if err != nil || d <= 0 {
-				return nil, fmt.Errorf("etcddriver: URL parameter %s=%q is not a positive duration", name, v)
-			}
-			*dst = d
-		}
+	if err := urlparam.Durations(q, map[string]*time.Duration{"dial_timeout": &dialTimeout, "op_timeout": &opts.OpTimeout}); err != nil {
+		return nil, fmt.Errorf("etcddriver: %w", err)
 	}
-	var endpoints []string
-	for _, h := range strings.Split(u.Host, ",") {
-		if h = strings.TrimSpace(h); h != "" {
-			endpoints = append(endpoints, h)
-		}
-	}
+	endpoints := urlparam.Hosts(u.Host)
 	cfg := clientv3.Config{
 		// Reconnect within a second of the store coming back (gRPC's
 		// default backoff grows to two minutes).

@@ -104,6 +104,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/internal/urlparam"
 )
 
 func init() {
@@ -184,12 +185,8 @@ func Open(ctx context.Context, u *url.URL) (*Driver, error) {
 	}
 	q := u.Query()
 	var o Options
-	if v := q.Get("node_timeout"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			return nil, fmt.Errorf("redlockdriver: URL parameter node_timeout=%q is not a positive duration", v)
-		}
-		o.NodeTimeout = d
+	if err := urlparam.Durations(q, map[string]*time.Duration{"node_timeout": &o.NodeTimeout}); err != nil {
+		return nil, fmt.Errorf("redlockdriver: %w", err)
 	}
 	db := 0
 	if v := q.Get("db"); v != "" {
@@ -206,10 +203,7 @@ func Open(ctx context.Context, u *url.URL) (*Driver, error) {
 	}
 	var clients []redis.Scripter
 	var closers []func() error
-	for _, h := range strings.Split(u.Host, ",") {
-		if h = strings.TrimSpace(h); h == "" {
-			continue
-		}
+	for _, h := range urlparam.Hosts(u.Host) {
 		c := redis.NewClient(&redis.Options{
 			Addr: h, Username: user, Password: pass, DB: db,
 			MaxRetries:            -1, // the driver never retries

@@ -93,6 +93,7 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/internal/urlparam"
 )
 
 func init() {
@@ -194,21 +195,10 @@ func Open(ctx context.Context, u *url.URL, opts *Options) (*Driver, error) {
 	if d.root == "" {
 		d.root = DefaultRoot
 	}
-	for name, dst := range map[string]*time.Duration{"session_timeout": &d.sessionTimeout, "op_timeout": &d.opTimeout} {
-		if v := q.Get(name); v != "" {
-			dur, err := time.ParseDuration(v)
-			if err != nil || dur <= 0 {
-				return nil, fmt.Errorf("zkdriver: URL parameter %s=%q is not a positive duration", name, v)
-			}
-			*dst = dur
-		}
+	if err := urlparam.Durations(q, map[string]*time.Duration{"session_timeout": &d.sessionTimeout, "op_timeout": &d.opTimeout}); err != nil {
+		return nil, fmt.Errorf("zkdriver: %w", err)
 	}
-	var servers []string
-	for _, h := range strings.Split(u.Host, ",") {
-		if h = strings.TrimSpace(h); h != "" {
-			servers = append(servers, h)
-		}
-	}
+	servers := urlparam.Hosts(u.Host)
 	dialer := zk.Dialer(net.DialTimeout)
 	if opts != nil && opts.Dialer != nil {
 		dialer = opts.Dialer
