@@ -35,7 +35,8 @@ clean:
 	rm -rf bin dlockd-data
 
 ## proto: regenerate the committed dlockd API code from proto/dlock/v1/dlock.proto
-## (protoc from Debian's protobuf-compiler; the plugins from the module proxy).
+## (protoc and its well-known types from Debian's protobuf-compiler and libprotobuf-dev;
+## the plugins from the module proxy).
 PROTOC_GEN_GO_VERSION ?= v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
 proto:

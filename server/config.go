@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net"
 	"time"
+
+	"github.com/spf13/pflag"
 )
 
 // DefaultStoreURL is the store URL of a dlockd started with no flags.
@@ -203,4 +205,31 @@ func (c Config) Validate() error {
 		bad("RaftLogLevel %q is not one of trace, debug, info, warn, error, off", c.RaftLogLevel)
 	}
 	return errors.Join(errs...)
+}
+
+// RegisterFlags defines one GNU-style flag (--name) for every setting an
+// operator may change, writing into c; c's current values are the defaults
+// shown in --help. cmd/dlockd calls it; an embedding program may too.
+func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.Listen, "listen", c.Listen, "host:port serving gRPC and JSON over HTTP")
+	fs.StringVar(&c.DataDir, "data", c.DataDir, "directory of the Raft log and snapshots")
+	fs.StringVar(&c.NodeID, "node-id", c.NodeID, "Raft node ID")
+	fs.StringVar(&c.RaftBind, "raft-bind", c.RaftBind, "host:port of the Raft transport")
+	fs.StringVar(&c.RaftAdvertise, "raft-advertise", c.RaftAdvertise, "Raft address other nodes use (default: --raft-bind)")
+	fs.IntVar(&c.MaxWaitersPerKey, "max-waiters-per-key", c.MaxWaitersPerKey, "queue length limit per key")
+	fs.IntVar(&c.MaxLeases, "max-leases", c.MaxLeases, "held keys limit of the server")
+	fs.IntVar(&c.MaxRequestBytes, "max-request-bytes", c.MaxRequestBytes, "request size limit, bytes")
+	fs.DurationVar(&c.MinTTL, "min-ttl", c.MinTTL, "shortest lease TTL")
+	fs.DurationVar(&c.MaxTTL, "max-ttl", c.MaxTTL, "longest lease TTL")
+	fs.DurationVar(&c.DefaultTTL, "default-ttl", c.DefaultTTL, "TTL of requests that give none")
+	fs.DurationVar(&c.HeartbeatTimeout, "raft-heartbeat-timeout", c.HeartbeatTimeout, "Raft heartbeat timeout")
+	fs.DurationVar(&c.ElectionTimeout, "raft-election-timeout", c.ElectionTimeout, "Raft election timeout")
+	fs.DurationVar(&c.LeaderLeaseTimeout, "raft-leader-lease-timeout", c.LeaderLeaseTimeout, "Raft leader lease timeout (< heartbeat timeout)")
+	fs.DurationVar(&c.SnapshotInterval, "snapshot-interval", c.SnapshotInterval, "how often Raft checks whether to snapshot")
+	fs.Uint64Var(&c.SnapshotThreshold, "snapshot-threshold", c.SnapshotThreshold, "log entries since the last snapshot that trigger one")
+	fs.StringVar(&c.RaftLogLevel, "raft-log-level", c.RaftLogLevel, "Raft log level: trace, debug, info, warn, error, off")
+	fs.BoolVar(&c.NoSync, "unsafe-no-fsync", c.NoSync, "do not fsync the Raft log (tests and benchmarks only: a crash can lose acknowledged grants and reissue fences)")
+	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "serve net/http/pprof under /debug/pprof/ on the API port")
+	// Safety settings of the lock table (hardening issue).
+	// Connection and stream limits (hardening issue).
 }

@@ -8,13 +8,14 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
 	"runtime/debug"
 	"syscall"
+
+	"github.com/spf13/pflag"
 
 	"github.com/dlock-dev/dlock/server"
 )
@@ -25,26 +26,8 @@ func main() {
 
 func run(args []string) int {
 	cfg := server.DefaultConfig()
-	fs := flag.NewFlagSet("dlockd", flag.ContinueOnError)
-	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "host:port serving gRPC and JSON over HTTP")
-	fs.StringVar(&cfg.DataDir, "data", cfg.DataDir, "directory of the Raft log and snapshots")
-	fs.StringVar(&cfg.NodeID, "node-id", cfg.NodeID, "Raft node ID")
-	fs.StringVar(&cfg.RaftBind, "raft-bind", cfg.RaftBind, "host:port of the Raft transport")
-	fs.StringVar(&cfg.RaftAdvertise, "raft-advertise", cfg.RaftAdvertise, "Raft address other nodes use (default: -raft-bind)")
-	fs.IntVar(&cfg.MaxWaitersPerKey, "max-waiters-per-key", cfg.MaxWaitersPerKey, "queue length limit per key")
-	fs.IntVar(&cfg.MaxLeases, "max-leases", cfg.MaxLeases, "held keys limit of the server")
-	fs.IntVar(&cfg.MaxRequestBytes, "max-request-bytes", cfg.MaxRequestBytes, "request size limit, bytes")
-	fs.DurationVar(&cfg.MinTTL, "min-ttl", cfg.MinTTL, "shortest lease TTL")
-	fs.DurationVar(&cfg.MaxTTL, "max-ttl", cfg.MaxTTL, "longest lease TTL")
-	fs.DurationVar(&cfg.DefaultTTL, "default-ttl", cfg.DefaultTTL, "TTL of requests that give none")
-	fs.DurationVar(&cfg.HeartbeatTimeout, "raft-heartbeat-timeout", cfg.HeartbeatTimeout, "Raft heartbeat timeout")
-	fs.DurationVar(&cfg.ElectionTimeout, "raft-election-timeout", cfg.ElectionTimeout, "Raft election timeout")
-	fs.DurationVar(&cfg.LeaderLeaseTimeout, "raft-leader-lease-timeout", cfg.LeaderLeaseTimeout, "Raft leader lease timeout (< heartbeat timeout)")
-	fs.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", cfg.SnapshotInterval, "how often Raft checks whether to snapshot")
-	fs.Uint64Var(&cfg.SnapshotThreshold, "snapshot-threshold", cfg.SnapshotThreshold, "log entries since the last snapshot that trigger one")
-	fs.StringVar(&cfg.RaftLogLevel, "raft-log-level", cfg.RaftLogLevel, "Raft log level: trace, debug, info, warn, error, off")
-	fs.BoolVar(&cfg.NoSync, "unsafe-no-fsync", false, "do not fsync the Raft log (tests and benchmarks only: a crash can lose acknowledged grants and reissue fences)")
-	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve net/http/pprof under /debug/pprof/ on the API port")
+	fs := pflag.NewFlagSet("dlockd", pflag.ContinueOnError)
+	cfg.RegisterFlags(fs)
 	gcPercent := fs.Int("gc-percent", 100, "Go GC target percentage when GOGC is not set (lower: less memory, more CPU)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	if err := fs.Parse(args); err != nil {

@@ -37,7 +37,7 @@ func TestMain(m *testing.M) {
 func TestDlockd_LogsAddressServesAndStopsOnSIGTERM(t *testing.T) {
 	bin := servertest.Binary(t)
 	listen, raftBind, data := servertest.FreePort(t), servertest.FreePort(t), filepath.Join(t.TempDir(), "data")
-	cmd := exec.Command(bin, "-listen", listen, "-data", data, "-raft-bind", raftBind, "-raft-log-level", "off")
+	cmd := exec.Command(bin, "--listen", listen, "--data", data, "--raft-bind", raftBind, "--raft-log-level", "off")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -104,7 +104,7 @@ func TestDlockd_LogsAddressServesAndStopsOnSIGTERM(t *testing.T) {
 
 func TestDlockd_BadFlagsExit2(t *testing.T) {
 	bin := servertest.Binary(t)
-	for _, args := range [][]string{{"-nope"}, {"-max-ttl", "1ms"}, {"-listen", "no-port"}, {"-log-level", "loud"}} {
+	for _, args := range [][]string{{"--nope"}, {"--max-ttl", "1ms"}, {"--listen", "no-port"}, {"--log-level", "loud"}} {
 		err := exec.Command(bin, args...).Run()
 		var ee *exec.ExitError
 		if !errors.As(err, &ee) || ee.ExitCode() != 2 {

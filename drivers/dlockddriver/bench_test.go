@@ -30,7 +30,7 @@ import (
 func benchArgs() []string {
 	args := strings.Fields(os.Getenv("DLOCKD_BENCH_ARGS"))
 	if os.Getenv("DLOCKD_BENCH_NO_FSYNC") == "1" {
-		args = append(args, "-unsafe-no-fsync")
+		args = append(args, "--unsafe-no-fsync")
 	}
 	return args
 }

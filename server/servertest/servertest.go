@@ -230,9 +230,9 @@ func (p *Process) Start() error {
 		return nil
 	}
 	args := append([]string{
-		"-listen", p.Listen, "-data", p.DataDir, "-raft-bind", p.RaftBind,
-		"-raft-heartbeat-timeout", "100ms", "-raft-election-timeout", "100ms",
-		"-raft-leader-lease-timeout", "100ms", "-log-level", "warn",
+		"--listen", p.Listen, "--data", p.DataDir, "--raft-bind", p.RaftBind,
+		"--raft-heartbeat-timeout", "100ms", "--raft-election-timeout", "100ms",
+		"--raft-leader-lease-timeout", "100ms", "--log-level", "warn",
 	}, p.Args...)
 	deadline := time.Now().Add(20 * time.Second)
 	for {

@@ -89,7 +89,8 @@ const (
 	WatchEvent_TYPE_UNSPECIFIED WatchEvent_Type = 0
 	// READY: the session is subscribed.
 	WatchEvent_READY WatchEvent_Type = 1
-	// LOST: the grant (key, owner, fence) was expired by the server.
+	// LOST: the grant (key, owner, fence) was ended by the server without a
+	// release by its owner; reason says why.
 	WatchEvent_LOST WatchEvent_Type = 2
 )
 
@@ -131,7 +132,7 @@ func (x WatchEvent_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchEvent_Type.Descriptor instead.
 func (WatchEvent_Type) EnumDescriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{21, 0}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{23, 0}
 }
 
 // SessionRequest is one call on a Session stream.
@@ -401,7 +402,13 @@ type AcquireRequest struct {
 	Wait bool `protobuf:"varint,5,opt,name=wait,proto3" json:"wait,omitempty"`
 	// Session is the client session whose Watch stream hears of this grant's
 	// loss. May be empty.
-	Session       string `protobuf:"bytes,6,opt,name=session,proto3" json:"session,omitempty"`
+	Session string `protobuf:"bytes,6,opt,name=session,proto3" json:"session,omitempty"`
+	// LockDelay: after this grant is lost without a release (expiry, force
+	// release, an unclaimed handoff), the key is granted to nobody for this
+	// long, so that a paused holder's in-flight writes land first (Chubby's
+	// and Consul's lock-delay). Unset: the server's default (--lock-delay).
+	// At most the TTL.
+	LockDelay     *durationpb.Duration `protobuf:"bytes,7,opt,name=lock_delay,json=lockDelay,proto3" json:"lock_delay,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -476,6 +483,13 @@ func (x *AcquireRequest) GetSession() string {
 		return x.Session
 	}
 	return ""
+}
+
+func (x *AcquireRequest) GetLockDelay() *durationpb.Duration {
+	if x != nil {
+		return x.LockDelay
+	}
+	return nil
 }
 
 type AcquireResponse struct {
@@ -1333,7 +1347,10 @@ type ListRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Prefix string                 `protobuf:"bytes,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
 	// Limit: at most this many; 0 = server default (1000).
-	Limit         uint32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	Limit uint32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// PageToken: the next_page_token of the previous page; empty for the
+	// first page.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1382,9 +1399,19 @@ func (x *ListRequest) GetLimit() uint32 {
 	return 0
 }
 
+func (x *ListRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Holders       []*HolderInfo          `protobuf:"bytes,1,rep,name=holders,proto3" json:"holders,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Holders []*HolderInfo          `protobuf:"bytes,1,rep,name=holders,proto3" json:"holders,omitempty"`
+	// NextPageToken: pass it as page_token for the next page; empty when this
+	// was the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1426,6 +1453,121 @@ func (x *ListResponse) GetHolders() []*HolderInfo {
 	return nil
 }
 
+func (x *ListResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type ForceReleaseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// Reason: why the grant is removed (logged and audited); required.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForceReleaseRequest) Reset() {
+	*x = ForceReleaseRequest{}
+	mi := &file_dlock_v1_dlock_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForceReleaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForceReleaseRequest) ProtoMessage() {}
+
+func (x *ForceReleaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dlock_v1_dlock_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForceReleaseRequest.ProtoReflect.Descriptor instead.
+func (*ForceReleaseRequest) Descriptor() ([]byte, []int) {
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ForceReleaseRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *ForceReleaseRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type ForceReleaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Removed describes the grant that was removed.
+	Removed *HolderInfo `protobuf:"bytes,1,opt,name=removed,proto3" json:"removed,omitempty"`
+	// NextFence is the fence of the waiter the key was handed to, or 0 (free,
+	// or in its lock-delay).
+	NextFence     uint64 `protobuf:"varint,2,opt,name=next_fence,json=nextFence,proto3" json:"next_fence,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForceReleaseResponse) Reset() {
+	*x = ForceReleaseResponse{}
+	mi := &file_dlock_v1_dlock_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForceReleaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForceReleaseResponse) ProtoMessage() {}
+
+func (x *ForceReleaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dlock_v1_dlock_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForceReleaseResponse.ProtoReflect.Descriptor instead.
+func (*ForceReleaseResponse) Descriptor() ([]byte, []int) {
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ForceReleaseResponse) GetRemoved() *HolderInfo {
+	if x != nil {
+		return x.Removed
+	}
+	return nil
+}
+
+func (x *ForceReleaseResponse) GetNextFence() uint64 {
+	if x != nil {
+		return x.NextFence
+	}
+	return 0
+}
+
 type WatchRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Session: 8 to 128 bytes of printable ASCII.
@@ -1436,7 +1578,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[20]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1448,7 +1590,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[20]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1461,7 +1603,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{20}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WatchRequest) GetSession() string {
@@ -1472,18 +1614,21 @@ func (x *WatchRequest) GetSession() string {
 }
 
 type WatchEvent struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Type          WatchEvent_Type        `protobuf:"varint,1,opt,name=type,proto3,enum=dlock.v1.WatchEvent_Type" json:"type,omitempty"`
-	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
-	Owner         string                 `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
-	Fence         uint64                 `protobuf:"varint,4,opt,name=fence,proto3" json:"fence,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Type  WatchEvent_Type        `protobuf:"varint,1,opt,name=type,proto3,enum=dlock.v1.WatchEvent_Type" json:"type,omitempty"`
+	Key   string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Owner string                 `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	Fence uint64                 `protobuf:"varint,4,opt,name=fence,proto3" json:"fence,omitempty"`
+	// Reason of LOST: EXPIRED, FORCE_RELEASED or UNCLAIMED (a handed-off
+	// grant its receiver did not confirm within the claim window).
+	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_dlock_v1_dlock_proto_msgTypes[21]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1495,7 +1640,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_dlock_v1_dlock_proto_msgTypes[21]
+	mi := &file_dlock_v1_dlock_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1508,7 +1653,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{21}
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WatchEvent) GetType() WatchEvent_Type {
@@ -1539,6 +1684,13 @@ func (x *WatchEvent) GetFence() uint64 {
 	return 0
 }
 
+func (x *WatchEvent) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 var File_dlock_v1_dlock_proto protoreflect.FileDescriptor
 
 const file_dlock_v1_dlock_proto_rawDesc = "" +
@@ -1558,14 +1710,16 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\aacquire\x18\x04 \x01(\v2\x19.dlock.v1.AcquireResponseH\x00R\aacquire\x125\n" +
 	"\arelease\x18\x05 \x01(\v2\x19.dlock.v1.ReleaseResponseH\x00R\arelease\x12/\n" +
 	"\x05renew\x18\x06 \x01(\v2\x17.dlock.v1.RenewResponseH\x00R\x05renewB\b\n" +
-	"\x06result\"\xab\x01\n" +
+	"\x06result\"\xe5\x01\n" +
 	"\x0eAcquireRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12+\n" +
 	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x16\n" +
 	"\x06holder\x18\x04 \x01(\tR\x06holder\x12\x12\n" +
 	"\x04wait\x18\x05 \x01(\bR\x04wait\x12\x18\n" +
-	"\asession\x18\x06 \x01(\tR\asession\"|\n" +
+	"\asession\x18\x06 \x01(\tR\asession\x128\n" +
+	"\n" +
+	"lock_delay\x18\a \x01(\v2\x19.google.protobuf.DurationR\tlockDelay\"|\n" +
 	"\x0fAcquireResponse\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x14\n" +
@@ -1625,24 +1779,35 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\x0fInspectResponse\x12\x12\n" +
 	"\x04held\x18\x01 \x01(\bR\x04held\x12(\n" +
 	"\x04info\x18\x02 \x01(\v2\x14.dlock.v1.HolderInfoR\x04info\x12\x18\n" +
-	"\awaiters\x18\x03 \x01(\rR\awaiters\";\n" +
+	"\awaiters\x18\x03 \x01(\rR\awaiters\"Z\n" +
 	"\vListRequest\x12\x16\n" +
 	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12\x14\n" +
-	"\x05limit\x18\x02 \x01(\rR\x05limit\">\n" +
+	"\x05limit\x18\x02 \x01(\rR\x05limit\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"f\n" +
 	"\fListResponse\x12.\n" +
-	"\aholders\x18\x01 \x03(\v2\x14.dlock.v1.HolderInfoR\aholders\"(\n" +
+	"\aholders\x18\x01 \x03(\v2\x14.dlock.v1.HolderInfoR\aholders\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"?\n" +
+	"\x13ForceReleaseRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"e\n" +
+	"\x14ForceReleaseResponse\x12.\n" +
+	"\aremoved\x18\x01 \x01(\v2\x14.dlock.v1.HolderInfoR\aremoved\x12\x1d\n" +
+	"\n" +
+	"next_fence\x18\x02 \x01(\x04R\tnextFence\"(\n" +
 	"\fWatchRequest\x12\x18\n" +
-	"\asession\x18\x01 \x01(\tR\asession\"\xac\x01\n" +
+	"\asession\x18\x01 \x01(\tR\asession\"\xc4\x01\n" +
 	"\n" +
 	"WatchEvent\x12-\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x19.dlock.v1.WatchEvent.TypeR\x04type\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
 	"\x05owner\x18\x03 \x01(\tR\x05owner\x12\x14\n" +
-	"\x05fence\x18\x04 \x01(\x04R\x05fence\"1\n" +
+	"\x05fence\x18\x04 \x01(\x04R\x05fence\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"1\n" +
 	"\x04Type\x12\x14\n" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\t\n" +
 	"\x05READY\x10\x01\x12\b\n" +
-	"\x04LOST\x10\x022\x81\x05\n" +
+	"\x04LOST\x10\x022\xd0\x05\n" +
 	"\x04Lock\x12>\n" +
 	"\aAcquire\x12\x18.dlock.v1.AcquireRequest\x1a\x19.dlock.v1.AcquireResponse\x129\n" +
 	"\x04Wait\x12\x18.dlock.v1.AcquireRequest\x1a\x13.dlock.v1.WaitEvent(\x010\x01\x128\n" +
@@ -1655,7 +1820,8 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\aInspect\x12\x18.dlock.v1.InspectRequest\x1a\x19.dlock.v1.InspectResponse\x125\n" +
 	"\x04List\x12\x15.dlock.v1.ListRequest\x1a\x16.dlock.v1.ListResponse\x127\n" +
 	"\x05Watch\x12\x16.dlock.v1.WatchRequest\x1a\x14.dlock.v1.WatchEvent0\x01\x12B\n" +
-	"\aSession\x12\x18.dlock.v1.SessionRequest\x1a\x19.dlock.v1.SessionResponse(\x010\x01B3Z1github.com/dlock-dev/dlock/proto/dlock/v1;dlockv1b\x06proto3"
+	"\aSession\x12\x18.dlock.v1.SessionRequest\x1a\x19.dlock.v1.SessionResponse(\x010\x01\x12M\n" +
+	"\fForceRelease\x12\x1d.dlock.v1.ForceReleaseRequest\x1a\x1e.dlock.v1.ForceReleaseResponseB3Z1github.com/dlock-dev/dlock/proto/dlock/v1;dlockv1b\x06proto3"
 
 var (
 	file_dlock_v1_dlock_proto_rawDescOnce sync.Once
@@ -1670,33 +1836,35 @@ func file_dlock_v1_dlock_proto_rawDescGZIP() []byte {
 }
 
 var file_dlock_v1_dlock_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_dlock_v1_dlock_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_dlock_v1_dlock_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_dlock_v1_dlock_proto_goTypes = []any{
-	(WaitEvent_Type)(0),         // 0: dlock.v1.WaitEvent.Type
-	(WatchEvent_Type)(0),        // 1: dlock.v1.WatchEvent.Type
-	(*SessionRequest)(nil),      // 2: dlock.v1.SessionRequest
-	(*SessionResponse)(nil),     // 3: dlock.v1.SessionResponse
-	(*AcquireRequest)(nil),      // 4: dlock.v1.AcquireRequest
-	(*AcquireResponse)(nil),     // 5: dlock.v1.AcquireResponse
-	(*WaitEvent)(nil),           // 6: dlock.v1.WaitEvent
-	(*RenewItem)(nil),           // 7: dlock.v1.RenewItem
-	(*RenewRequest)(nil),        // 8: dlock.v1.RenewRequest
-	(*RenewResult)(nil),         // 9: dlock.v1.RenewResult
-	(*RenewResponse)(nil),       // 10: dlock.v1.RenewResponse
-	(*ReleaseRequest)(nil),      // 11: dlock.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),     // 12: dlock.v1.ReleaseResponse
-	(*CancelWaitRequest)(nil),   // 13: dlock.v1.CancelWaitRequest
-	(*CancelWaitResponse)(nil),  // 14: dlock.v1.CancelWaitResponse
-	(*CheckFenceRequest)(nil),   // 15: dlock.v1.CheckFenceRequest
-	(*CheckFenceResponse)(nil),  // 16: dlock.v1.CheckFenceResponse
-	(*InspectRequest)(nil),      // 17: dlock.v1.InspectRequest
-	(*HolderInfo)(nil),          // 18: dlock.v1.HolderInfo
-	(*InspectResponse)(nil),     // 19: dlock.v1.InspectResponse
-	(*ListRequest)(nil),         // 20: dlock.v1.ListRequest
-	(*ListResponse)(nil),        // 21: dlock.v1.ListResponse
-	(*WatchRequest)(nil),        // 22: dlock.v1.WatchRequest
-	(*WatchEvent)(nil),          // 23: dlock.v1.WatchEvent
-	(*durationpb.Duration)(nil), // 24: google.protobuf.Duration
+	(WaitEvent_Type)(0),          // 0: dlock.v1.WaitEvent.Type
+	(WatchEvent_Type)(0),         // 1: dlock.v1.WatchEvent.Type
+	(*SessionRequest)(nil),       // 2: dlock.v1.SessionRequest
+	(*SessionResponse)(nil),      // 3: dlock.v1.SessionResponse
+	(*AcquireRequest)(nil),       // 4: dlock.v1.AcquireRequest
+	(*AcquireResponse)(nil),      // 5: dlock.v1.AcquireResponse
+	(*WaitEvent)(nil),            // 6: dlock.v1.WaitEvent
+	(*RenewItem)(nil),            // 7: dlock.v1.RenewItem
+	(*RenewRequest)(nil),         // 8: dlock.v1.RenewRequest
+	(*RenewResult)(nil),          // 9: dlock.v1.RenewResult
+	(*RenewResponse)(nil),        // 10: dlock.v1.RenewResponse
+	(*ReleaseRequest)(nil),       // 11: dlock.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),      // 12: dlock.v1.ReleaseResponse
+	(*CancelWaitRequest)(nil),    // 13: dlock.v1.CancelWaitRequest
+	(*CancelWaitResponse)(nil),   // 14: dlock.v1.CancelWaitResponse
+	(*CheckFenceRequest)(nil),    // 15: dlock.v1.CheckFenceRequest
+	(*CheckFenceResponse)(nil),   // 16: dlock.v1.CheckFenceResponse
+	(*InspectRequest)(nil),       // 17: dlock.v1.InspectRequest
+	(*HolderInfo)(nil),           // 18: dlock.v1.HolderInfo
+	(*InspectResponse)(nil),      // 19: dlock.v1.InspectResponse
+	(*ListRequest)(nil),          // 20: dlock.v1.ListRequest
+	(*ListResponse)(nil),         // 21: dlock.v1.ListResponse
+	(*ForceReleaseRequest)(nil),  // 22: dlock.v1.ForceReleaseRequest
+	(*ForceReleaseResponse)(nil), // 23: dlock.v1.ForceReleaseResponse
+	(*WatchRequest)(nil),         // 24: dlock.v1.WatchRequest
+	(*WatchEvent)(nil),           // 25: dlock.v1.WatchEvent
+	(*durationpb.Duration)(nil),  // 26: google.protobuf.Duration
 }
 var file_dlock_v1_dlock_proto_depIdxs = []int32{
 	4,  // 0: dlock.v1.SessionRequest.acquire:type_name -> dlock.v1.AcquireRequest
@@ -1705,43 +1873,47 @@ var file_dlock_v1_dlock_proto_depIdxs = []int32{
 	5,  // 3: dlock.v1.SessionResponse.acquire:type_name -> dlock.v1.AcquireResponse
 	12, // 4: dlock.v1.SessionResponse.release:type_name -> dlock.v1.ReleaseResponse
 	10, // 5: dlock.v1.SessionResponse.renew:type_name -> dlock.v1.RenewResponse
-	24, // 6: dlock.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
-	24, // 7: dlock.v1.AcquireResponse.ttl:type_name -> google.protobuf.Duration
-	0,  // 8: dlock.v1.WaitEvent.type:type_name -> dlock.v1.WaitEvent.Type
-	5,  // 9: dlock.v1.WaitEvent.grant:type_name -> dlock.v1.AcquireResponse
-	24, // 10: dlock.v1.RenewItem.ttl:type_name -> google.protobuf.Duration
-	7,  // 11: dlock.v1.RenewRequest.items:type_name -> dlock.v1.RenewItem
-	9,  // 12: dlock.v1.RenewResponse.results:type_name -> dlock.v1.RenewResult
-	24, // 13: dlock.v1.HolderInfo.ttl:type_name -> google.protobuf.Duration
-	24, // 14: dlock.v1.HolderInfo.remaining:type_name -> google.protobuf.Duration
-	18, // 15: dlock.v1.InspectResponse.info:type_name -> dlock.v1.HolderInfo
-	18, // 16: dlock.v1.ListResponse.holders:type_name -> dlock.v1.HolderInfo
-	1,  // 17: dlock.v1.WatchEvent.type:type_name -> dlock.v1.WatchEvent.Type
-	4,  // 18: dlock.v1.Lock.Acquire:input_type -> dlock.v1.AcquireRequest
-	4,  // 19: dlock.v1.Lock.Wait:input_type -> dlock.v1.AcquireRequest
-	8,  // 20: dlock.v1.Lock.Renew:input_type -> dlock.v1.RenewRequest
-	11, // 21: dlock.v1.Lock.Release:input_type -> dlock.v1.ReleaseRequest
-	13, // 22: dlock.v1.Lock.CancelWait:input_type -> dlock.v1.CancelWaitRequest
-	15, // 23: dlock.v1.Lock.CheckFence:input_type -> dlock.v1.CheckFenceRequest
-	17, // 24: dlock.v1.Lock.Inspect:input_type -> dlock.v1.InspectRequest
-	20, // 25: dlock.v1.Lock.List:input_type -> dlock.v1.ListRequest
-	22, // 26: dlock.v1.Lock.Watch:input_type -> dlock.v1.WatchRequest
-	2,  // 27: dlock.v1.Lock.Session:input_type -> dlock.v1.SessionRequest
-	5,  // 28: dlock.v1.Lock.Acquire:output_type -> dlock.v1.AcquireResponse
-	6,  // 29: dlock.v1.Lock.Wait:output_type -> dlock.v1.WaitEvent
-	10, // 30: dlock.v1.Lock.Renew:output_type -> dlock.v1.RenewResponse
-	12, // 31: dlock.v1.Lock.Release:output_type -> dlock.v1.ReleaseResponse
-	14, // 32: dlock.v1.Lock.CancelWait:output_type -> dlock.v1.CancelWaitResponse
-	16, // 33: dlock.v1.Lock.CheckFence:output_type -> dlock.v1.CheckFenceResponse
-	19, // 34: dlock.v1.Lock.Inspect:output_type -> dlock.v1.InspectResponse
-	21, // 35: dlock.v1.Lock.List:output_type -> dlock.v1.ListResponse
-	23, // 36: dlock.v1.Lock.Watch:output_type -> dlock.v1.WatchEvent
-	3,  // 37: dlock.v1.Lock.Session:output_type -> dlock.v1.SessionResponse
-	28, // [28:38] is the sub-list for method output_type
-	18, // [18:28] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	26, // 6: dlock.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
+	26, // 7: dlock.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
+	26, // 8: dlock.v1.AcquireResponse.ttl:type_name -> google.protobuf.Duration
+	0,  // 9: dlock.v1.WaitEvent.type:type_name -> dlock.v1.WaitEvent.Type
+	5,  // 10: dlock.v1.WaitEvent.grant:type_name -> dlock.v1.AcquireResponse
+	26, // 11: dlock.v1.RenewItem.ttl:type_name -> google.protobuf.Duration
+	7,  // 12: dlock.v1.RenewRequest.items:type_name -> dlock.v1.RenewItem
+	9,  // 13: dlock.v1.RenewResponse.results:type_name -> dlock.v1.RenewResult
+	26, // 14: dlock.v1.HolderInfo.ttl:type_name -> google.protobuf.Duration
+	26, // 15: dlock.v1.HolderInfo.remaining:type_name -> google.protobuf.Duration
+	18, // 16: dlock.v1.InspectResponse.info:type_name -> dlock.v1.HolderInfo
+	18, // 17: dlock.v1.ListResponse.holders:type_name -> dlock.v1.HolderInfo
+	18, // 18: dlock.v1.ForceReleaseResponse.removed:type_name -> dlock.v1.HolderInfo
+	1,  // 19: dlock.v1.WatchEvent.type:type_name -> dlock.v1.WatchEvent.Type
+	4,  // 20: dlock.v1.Lock.Acquire:input_type -> dlock.v1.AcquireRequest
+	4,  // 21: dlock.v1.Lock.Wait:input_type -> dlock.v1.AcquireRequest
+	8,  // 22: dlock.v1.Lock.Renew:input_type -> dlock.v1.RenewRequest
+	11, // 23: dlock.v1.Lock.Release:input_type -> dlock.v1.ReleaseRequest
+	13, // 24: dlock.v1.Lock.CancelWait:input_type -> dlock.v1.CancelWaitRequest
+	15, // 25: dlock.v1.Lock.CheckFence:input_type -> dlock.v1.CheckFenceRequest
+	17, // 26: dlock.v1.Lock.Inspect:input_type -> dlock.v1.InspectRequest
+	20, // 27: dlock.v1.Lock.List:input_type -> dlock.v1.ListRequest
+	24, // 28: dlock.v1.Lock.Watch:input_type -> dlock.v1.WatchRequest
+	2,  // 29: dlock.v1.Lock.Session:input_type -> dlock.v1.SessionRequest
+	22, // 30: dlock.v1.Lock.ForceRelease:input_type -> dlock.v1.ForceReleaseRequest
+	5,  // 31: dlock.v1.Lock.Acquire:output_type -> dlock.v1.AcquireResponse
+	6,  // 32: dlock.v1.Lock.Wait:output_type -> dlock.v1.WaitEvent
+	10, // 33: dlock.v1.Lock.Renew:output_type -> dlock.v1.RenewResponse
+	12, // 34: dlock.v1.Lock.Release:output_type -> dlock.v1.ReleaseResponse
+	14, // 35: dlock.v1.Lock.CancelWait:output_type -> dlock.v1.CancelWaitResponse
+	16, // 36: dlock.v1.Lock.CheckFence:output_type -> dlock.v1.CheckFenceResponse
+	19, // 37: dlock.v1.Lock.Inspect:output_type -> dlock.v1.InspectResponse
+	21, // 38: dlock.v1.Lock.List:output_type -> dlock.v1.ListResponse
+	25, // 39: dlock.v1.Lock.Watch:output_type -> dlock.v1.WatchEvent
+	3,  // 40: dlock.v1.Lock.Session:output_type -> dlock.v1.SessionResponse
+	23, // 41: dlock.v1.Lock.ForceRelease:output_type -> dlock.v1.ForceReleaseResponse
+	31, // [31:42] is the sub-list for method output_type
+	20, // [20:31] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_dlock_v1_dlock_proto_init() }
@@ -1766,7 +1938,7 @@ func file_dlock_v1_dlock_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dlock_v1_dlock_proto_rawDesc), len(file_dlock_v1_dlock_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   22,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -25,16 +25,17 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Lock_Acquire_FullMethodName    = "/dlock.v1.Lock/Acquire"
-	Lock_Wait_FullMethodName       = "/dlock.v1.Lock/Wait"
-	Lock_Renew_FullMethodName      = "/dlock.v1.Lock/Renew"
-	Lock_Release_FullMethodName    = "/dlock.v1.Lock/Release"
-	Lock_CancelWait_FullMethodName = "/dlock.v1.Lock/CancelWait"
-	Lock_CheckFence_FullMethodName = "/dlock.v1.Lock/CheckFence"
-	Lock_Inspect_FullMethodName    = "/dlock.v1.Lock/Inspect"
-	Lock_List_FullMethodName       = "/dlock.v1.Lock/List"
-	Lock_Watch_FullMethodName      = "/dlock.v1.Lock/Watch"
-	Lock_Session_FullMethodName    = "/dlock.v1.Lock/Session"
+	Lock_Acquire_FullMethodName      = "/dlock.v1.Lock/Acquire"
+	Lock_Wait_FullMethodName         = "/dlock.v1.Lock/Wait"
+	Lock_Renew_FullMethodName        = "/dlock.v1.Lock/Renew"
+	Lock_Release_FullMethodName      = "/dlock.v1.Lock/Release"
+	Lock_CancelWait_FullMethodName   = "/dlock.v1.Lock/CancelWait"
+	Lock_CheckFence_FullMethodName   = "/dlock.v1.Lock/CheckFence"
+	Lock_Inspect_FullMethodName      = "/dlock.v1.Lock/Inspect"
+	Lock_List_FullMethodName         = "/dlock.v1.Lock/List"
+	Lock_Watch_FullMethodName        = "/dlock.v1.Lock/Watch"
+	Lock_Session_FullMethodName      = "/dlock.v1.Lock/Session"
+	Lock_ForceRelease_FullMethodName = "/dlock.v1.Lock/ForceRelease"
 )
 
 // LockClient is the client API for Lock service.
@@ -91,6 +92,12 @@ type LockClient interface {
 	// shuts down; calls running on a stream that ends have unknown outcomes,
 	// as unary calls on a broken connection.
 	Session(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SessionRequest, SessionResponse], error)
+	// ForceRelease removes key's current grant whoever holds it: an
+	// operator's override for a holder known to be dead. The reason is
+	// required and logged. The holder's Watch stream hears LOST at once, the
+	// key's lock-delay applies, and the next waiter is then granted with a
+	// greater fence. NOT_FOUND (reason NOT_HELD) when the key is free.
+	ForceRelease(ctx context.Context, in *ForceReleaseRequest, opts ...grpc.CallOption) (*ForceReleaseResponse, error)
 }
 
 type lockClient struct {
@@ -216,6 +223,16 @@ func (c *lockClient) Session(ctx context.Context, opts ...grpc.CallOption) (grpc
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Lock_SessionClient = grpc.BidiStreamingClient[SessionRequest, SessionResponse]
 
+func (c *lockClient) ForceRelease(ctx context.Context, in *ForceReleaseRequest, opts ...grpc.CallOption) (*ForceReleaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ForceReleaseResponse)
+	err := c.cc.Invoke(ctx, Lock_ForceRelease_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // LockServer is the server API for Lock service.
 // All implementations must embed UnimplementedLockServer
 // for forward compatibility.
@@ -270,6 +287,12 @@ type LockServer interface {
 	// shuts down; calls running on a stream that ends have unknown outcomes,
 	// as unary calls on a broken connection.
 	Session(grpc.BidiStreamingServer[SessionRequest, SessionResponse]) error
+	// ForceRelease removes key's current grant whoever holds it: an
+	// operator's override for a holder known to be dead. The reason is
+	// required and logged. The holder's Watch stream hears LOST at once, the
+	// key's lock-delay applies, and the next waiter is then granted with a
+	// greater fence. NOT_FOUND (reason NOT_HELD) when the key is free.
+	ForceRelease(context.Context, *ForceReleaseRequest) (*ForceReleaseResponse, error)
 	mustEmbedUnimplementedLockServer()
 }
 
@@ -309,6 +332,9 @@ func (UnimplementedLockServer) Watch(*WatchRequest, grpc.ServerStreamingServer[W
 }
 func (UnimplementedLockServer) Session(grpc.BidiStreamingServer[SessionRequest, SessionResponse]) error {
 	return status.Error(codes.Unimplemented, "method Session not implemented")
+}
+func (UnimplementedLockServer) ForceRelease(context.Context, *ForceReleaseRequest) (*ForceReleaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ForceRelease not implemented")
 }
 func (UnimplementedLockServer) mustEmbedUnimplementedLockServer() {}
 func (UnimplementedLockServer) testEmbeddedByValue()              {}
@@ -482,6 +508,24 @@ func _Lock_Session_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Lock_SessionServer = grpc.BidiStreamingServer[SessionRequest, SessionResponse]
 
+func _Lock_ForceRelease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForceReleaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LockServer).ForceRelease(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Lock_ForceRelease_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LockServer).ForceRelease(ctx, req.(*ForceReleaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Lock_ServiceDesc is the grpc.ServiceDesc for Lock service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -516,6 +560,10 @@ var Lock_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "List",
 			Handler:    _Lock_List_Handler,
+		},
+		{
+			MethodName: "ForceRelease",
+			Handler:    _Lock_ForceRelease_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
