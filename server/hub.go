@@ -107,4 +107,3 @@ func (h *sessionHub) lost(ev *event) {
 		}
 	}
 }
-
