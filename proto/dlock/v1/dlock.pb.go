@@ -498,8 +498,14 @@ type AcquireResponse struct {
 	Owner string                 `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
 	// Fence is the fencing token: the Raft log index of the entry that made
 	// the grant.
-	Fence         uint64               `protobuf:"varint,3,opt,name=fence,proto3" json:"fence,omitempty"`
-	Ttl           *durationpb.Duration `protobuf:"bytes,4,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	Fence uint64               `protobuf:"varint,3,opt,name=fence,proto3" json:"fence,omitempty"`
+	Ttl   *durationpb.Duration `protobuf:"bytes,4,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// ClaimWithin is set on a grant that was handed over to a waiter: the
+	// receiver must confirm it with a Renew within this time, or the server
+	// releases it to the next waiter (a waiter that vanished without closing
+	// its connection must not keep the key for a whole TTL). Unset: no claim
+	// is needed (the key was free when the request arrived).
+	ClaimWithin   *durationpb.Duration `protobuf:"bytes,5,opt,name=claim_within,json=claimWithin,proto3" json:"claim_within,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -558,6 +564,13 @@ func (x *AcquireResponse) GetFence() uint64 {
 func (x *AcquireResponse) GetTtl() *durationpb.Duration {
 	if x != nil {
 		return x.Ttl
+	}
+	return nil
+}
+
+func (x *AcquireResponse) GetClaimWithin() *durationpb.Duration {
+	if x != nil {
+		return x.ClaimWithin
 	}
 	return nil
 }
@@ -1286,10 +1299,14 @@ type InspectResponse struct {
 	// Held: the key is held; info describes the grant.
 	Held bool        `protobuf:"varint,1,opt,name=held,proto3" json:"held,omitempty"`
 	Info *HolderInfo `protobuf:"bytes,2,opt,name=info,proto3" json:"info,omitempty"`
-	// Waiters queued on the key (also when not held, briefly, during handoff).
-	Waiters       uint32 `protobuf:"varint,3,opt,name=waiters,proto3" json:"waiters,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Waiters queued on the key (also when not held, during a lock-delay).
+	Waiters uint32 `protobuf:"varint,3,opt,name=waiters,proto3" json:"waiters,omitempty"`
+	// LockDelayRemaining is set when the key is held by nobody but may not be
+	// granted yet: its last grant was lost without a release and its
+	// lock-delay has this long to run (the leader's estimate).
+	LockDelayRemaining *durationpb.Duration `protobuf:"bytes,4,opt,name=lock_delay_remaining,json=lockDelayRemaining,proto3" json:"lock_delay_remaining,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *InspectResponse) Reset() {
@@ -1341,6 +1358,13 @@ func (x *InspectResponse) GetWaiters() uint32 {
 		return x.Waiters
 	}
 	return 0
+}
+
+func (x *InspectResponse) GetLockDelayRemaining() *durationpb.Duration {
+	if x != nil {
+		return x.LockDelayRemaining
+	}
+	return nil
 }
 
 type ListRequest struct {
@@ -1719,12 +1743,13 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\x04wait\x18\x05 \x01(\bR\x04wait\x12\x18\n" +
 	"\asession\x18\x06 \x01(\tR\asession\x128\n" +
 	"\n" +
-	"lock_delay\x18\a \x01(\v2\x19.google.protobuf.DurationR\tlockDelay\"|\n" +
+	"lock_delay\x18\a \x01(\v2\x19.google.protobuf.DurationR\tlockDelay\"\xba\x01\n" +
 	"\x0fAcquireResponse\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x14\n" +
 	"\x05fence\x18\x03 \x01(\x04R\x05fence\x12+\n" +
-	"\x03ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"\xcc\x01\n" +
+	"\x03ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12<\n" +
+	"\fclaim_within\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\vclaimWithin\"\xcc\x01\n" +
 	"\tWaitEvent\x12,\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x18.dlock.v1.WaitEvent.TypeR\x04type\x12\x1a\n" +
 	"\bposition\x18\x02 \x01(\rR\bposition\x12/\n" +
@@ -1775,11 +1800,12 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\x06holder\x18\x03 \x01(\tR\x06holder\x12+\n" +
 	"\x03ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x127\n" +
 	"\tremaining\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\tremaining\x12\x18\n" +
-	"\awaiters\x18\x06 \x01(\rR\awaiters\"i\n" +
+	"\awaiters\x18\x06 \x01(\rR\awaiters\"\xb6\x01\n" +
 	"\x0fInspectResponse\x12\x12\n" +
 	"\x04held\x18\x01 \x01(\bR\x04held\x12(\n" +
 	"\x04info\x18\x02 \x01(\v2\x14.dlock.v1.HolderInfoR\x04info\x12\x18\n" +
-	"\awaiters\x18\x03 \x01(\rR\awaiters\"Z\n" +
+	"\awaiters\x18\x03 \x01(\rR\awaiters\x12K\n" +
+	"\x14lock_delay_remaining\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x12lockDelayRemaining\"Z\n" +
 	"\vListRequest\x12\x16\n" +
 	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\rR\x05limit\x12\x1d\n" +
@@ -1876,44 +1902,46 @@ var file_dlock_v1_dlock_proto_depIdxs = []int32{
 	26, // 6: dlock.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
 	26, // 7: dlock.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
 	26, // 8: dlock.v1.AcquireResponse.ttl:type_name -> google.protobuf.Duration
-	0,  // 9: dlock.v1.WaitEvent.type:type_name -> dlock.v1.WaitEvent.Type
-	5,  // 10: dlock.v1.WaitEvent.grant:type_name -> dlock.v1.AcquireResponse
-	26, // 11: dlock.v1.RenewItem.ttl:type_name -> google.protobuf.Duration
-	7,  // 12: dlock.v1.RenewRequest.items:type_name -> dlock.v1.RenewItem
-	9,  // 13: dlock.v1.RenewResponse.results:type_name -> dlock.v1.RenewResult
-	26, // 14: dlock.v1.HolderInfo.ttl:type_name -> google.protobuf.Duration
-	26, // 15: dlock.v1.HolderInfo.remaining:type_name -> google.protobuf.Duration
-	18, // 16: dlock.v1.InspectResponse.info:type_name -> dlock.v1.HolderInfo
-	18, // 17: dlock.v1.ListResponse.holders:type_name -> dlock.v1.HolderInfo
-	18, // 18: dlock.v1.ForceReleaseResponse.removed:type_name -> dlock.v1.HolderInfo
-	1,  // 19: dlock.v1.WatchEvent.type:type_name -> dlock.v1.WatchEvent.Type
-	4,  // 20: dlock.v1.Lock.Acquire:input_type -> dlock.v1.AcquireRequest
-	4,  // 21: dlock.v1.Lock.Wait:input_type -> dlock.v1.AcquireRequest
-	8,  // 22: dlock.v1.Lock.Renew:input_type -> dlock.v1.RenewRequest
-	11, // 23: dlock.v1.Lock.Release:input_type -> dlock.v1.ReleaseRequest
-	13, // 24: dlock.v1.Lock.CancelWait:input_type -> dlock.v1.CancelWaitRequest
-	15, // 25: dlock.v1.Lock.CheckFence:input_type -> dlock.v1.CheckFenceRequest
-	17, // 26: dlock.v1.Lock.Inspect:input_type -> dlock.v1.InspectRequest
-	20, // 27: dlock.v1.Lock.List:input_type -> dlock.v1.ListRequest
-	24, // 28: dlock.v1.Lock.Watch:input_type -> dlock.v1.WatchRequest
-	2,  // 29: dlock.v1.Lock.Session:input_type -> dlock.v1.SessionRequest
-	22, // 30: dlock.v1.Lock.ForceRelease:input_type -> dlock.v1.ForceReleaseRequest
-	5,  // 31: dlock.v1.Lock.Acquire:output_type -> dlock.v1.AcquireResponse
-	6,  // 32: dlock.v1.Lock.Wait:output_type -> dlock.v1.WaitEvent
-	10, // 33: dlock.v1.Lock.Renew:output_type -> dlock.v1.RenewResponse
-	12, // 34: dlock.v1.Lock.Release:output_type -> dlock.v1.ReleaseResponse
-	14, // 35: dlock.v1.Lock.CancelWait:output_type -> dlock.v1.CancelWaitResponse
-	16, // 36: dlock.v1.Lock.CheckFence:output_type -> dlock.v1.CheckFenceResponse
-	19, // 37: dlock.v1.Lock.Inspect:output_type -> dlock.v1.InspectResponse
-	21, // 38: dlock.v1.Lock.List:output_type -> dlock.v1.ListResponse
-	25, // 39: dlock.v1.Lock.Watch:output_type -> dlock.v1.WatchEvent
-	3,  // 40: dlock.v1.Lock.Session:output_type -> dlock.v1.SessionResponse
-	23, // 41: dlock.v1.Lock.ForceRelease:output_type -> dlock.v1.ForceReleaseResponse
-	31, // [31:42] is the sub-list for method output_type
-	20, // [20:31] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	26, // 9: dlock.v1.AcquireResponse.claim_within:type_name -> google.protobuf.Duration
+	0,  // 10: dlock.v1.WaitEvent.type:type_name -> dlock.v1.WaitEvent.Type
+	5,  // 11: dlock.v1.WaitEvent.grant:type_name -> dlock.v1.AcquireResponse
+	26, // 12: dlock.v1.RenewItem.ttl:type_name -> google.protobuf.Duration
+	7,  // 13: dlock.v1.RenewRequest.items:type_name -> dlock.v1.RenewItem
+	9,  // 14: dlock.v1.RenewResponse.results:type_name -> dlock.v1.RenewResult
+	26, // 15: dlock.v1.HolderInfo.ttl:type_name -> google.protobuf.Duration
+	26, // 16: dlock.v1.HolderInfo.remaining:type_name -> google.protobuf.Duration
+	18, // 17: dlock.v1.InspectResponse.info:type_name -> dlock.v1.HolderInfo
+	26, // 18: dlock.v1.InspectResponse.lock_delay_remaining:type_name -> google.protobuf.Duration
+	18, // 19: dlock.v1.ListResponse.holders:type_name -> dlock.v1.HolderInfo
+	18, // 20: dlock.v1.ForceReleaseResponse.removed:type_name -> dlock.v1.HolderInfo
+	1,  // 21: dlock.v1.WatchEvent.type:type_name -> dlock.v1.WatchEvent.Type
+	4,  // 22: dlock.v1.Lock.Acquire:input_type -> dlock.v1.AcquireRequest
+	4,  // 23: dlock.v1.Lock.Wait:input_type -> dlock.v1.AcquireRequest
+	8,  // 24: dlock.v1.Lock.Renew:input_type -> dlock.v1.RenewRequest
+	11, // 25: dlock.v1.Lock.Release:input_type -> dlock.v1.ReleaseRequest
+	13, // 26: dlock.v1.Lock.CancelWait:input_type -> dlock.v1.CancelWaitRequest
+	15, // 27: dlock.v1.Lock.CheckFence:input_type -> dlock.v1.CheckFenceRequest
+	17, // 28: dlock.v1.Lock.Inspect:input_type -> dlock.v1.InspectRequest
+	20, // 29: dlock.v1.Lock.List:input_type -> dlock.v1.ListRequest
+	24, // 30: dlock.v1.Lock.Watch:input_type -> dlock.v1.WatchRequest
+	2,  // 31: dlock.v1.Lock.Session:input_type -> dlock.v1.SessionRequest
+	22, // 32: dlock.v1.Lock.ForceRelease:input_type -> dlock.v1.ForceReleaseRequest
+	5,  // 33: dlock.v1.Lock.Acquire:output_type -> dlock.v1.AcquireResponse
+	6,  // 34: dlock.v1.Lock.Wait:output_type -> dlock.v1.WaitEvent
+	10, // 35: dlock.v1.Lock.Renew:output_type -> dlock.v1.RenewResponse
+	12, // 36: dlock.v1.Lock.Release:output_type -> dlock.v1.ReleaseResponse
+	14, // 37: dlock.v1.Lock.CancelWait:output_type -> dlock.v1.CancelWaitResponse
+	16, // 38: dlock.v1.Lock.CheckFence:output_type -> dlock.v1.CheckFenceResponse
+	19, // 39: dlock.v1.Lock.Inspect:output_type -> dlock.v1.InspectResponse
+	21, // 40: dlock.v1.Lock.List:output_type -> dlock.v1.ListResponse
+	25, // 41: dlock.v1.Lock.Watch:output_type -> dlock.v1.WatchEvent
+	3,  // 42: dlock.v1.Lock.Session:output_type -> dlock.v1.SessionResponse
+	23, // 43: dlock.v1.Lock.ForceRelease:output_type -> dlock.v1.ForceReleaseResponse
+	33, // [33:44] is the sub-list for method output_type
+	22, // [22:33] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_dlock_v1_dlock_proto_init() }
