@@ -96,6 +96,13 @@ type Config struct {
 	// Default false.
 	Pprof bool
 
+	// Lock-table safety settings (lock-delay, claim window, total waiters).
+
+	// Connection and stream limits (connections, streams, in-flight calls,
+	// HTTP read deadlines).
+
+	// Logging and observability settings.
+
 	// Logger receives the server's logs. Nil: slog.Default().
 	Logger *slog.Logger
 	// RaftLogLevel is the hclog level of Raft's own logs ("trace", "debug",
@@ -230,6 +237,9 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.RaftLogLevel, "raft-log-level", c.RaftLogLevel, "Raft log level: trace, debug, info, warn, error, off")
 	fs.BoolVar(&c.NoSync, "unsafe-no-fsync", c.NoSync, "do not fsync the Raft log (tests and benchmarks only: a crash can lose acknowledged grants and reissue fences)")
 	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "serve net/http/pprof under /debug/pprof/ on the API port")
-	// Safety settings of the lock table (hardening issue).
-	// Connection and stream limits (hardening issue).
+	// Lock-table safety settings.
+
+	// Connection and stream limits.
+
+	// Logging and observability settings.
 }
