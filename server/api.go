@@ -22,7 +22,12 @@ type api struct {
 	s *Server
 }
 
+// newGRPCServer returns the gRPC server of s, with its limits and panic
+// recovery. Start calls it after creating the mux and before serving: it
+// binds the mux's limits to s (see the limits type).
 func newGRPCServer(s *Server) *grpc.Server {
+	s.mux.bind(s)
+	lim := s.limits()
 	g := grpc.NewServer(
 		grpc.MaxRecvMsgSize(s.cfg.MaxRequestBytes),
 		// Static flow-control windows: no BDP ping probing on every
@@ -40,21 +45,31 @@ func newGRPCServer(s *Server) *grpc.Server {
 		// cancelled and their queue entries removed.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		grpc.ChainUnaryInterceptor(s.metrics.unaryInterceptor),
-		grpc.ChainStreamInterceptor(s.metrics.streamInterceptor),
+		// Streams at once per connection (HTTP/2
+		// SETTINGS_MAX_CONCURRENT_STREAMS): a client queues the rest.
+		grpc.MaxConcurrentStreams(uint32(s.cfg.MaxStreamsPerConnection)),
+		// Outermost first: the metrics count what recovery and the limits
+		// answer; recovery covers the limits and the handler.
+		grpc.ChainUnaryInterceptor(s.metrics.unaryInterceptor, s.recoverUnary, lim.unaryInterceptor),
+		grpc.ChainStreamInterceptor(s.metrics.streamInterceptor, s.recoverStream, lim.streamInterceptor),
 	)
 	dlockv1.RegisterLockServer(g, &api{s: s})
 	return g
 }
 
-// dur converts a protobuf duration; nil is 0. A malformed or negative one
-// is an invalid TTL.
+// dur converts a protobuf TTL; nil is 0 (the default TTL). A malformed
+// one (out of protobuf's range of ±10,000 years, or seconds and nanos of
+// different signs), zero or negative is INVALID_TTL, with a message that
+// says which.
 func dur(d *durationpb.Duration) (time.Duration, error) {
 	if d == nil {
 		return 0, nil
 	}
-	if err := d.CheckValid(); err != nil || d.AsDuration() <= 0 {
-		return 0, apiErr(codes.InvalidArgument, ReasonInvalidTTL, "invalid TTL %v", d)
+	if err := d.CheckValid(); err != nil {
+		return 0, apiErr(codes.InvalidArgument, ReasonInvalidTTL, "invalid TTL (seconds %d, nanos %d): %v", d.GetSeconds(), d.GetNanos(), err)
+	}
+	if t := d.AsDuration(); t <= 0 {
+		return 0, apiErr(codes.InvalidArgument, ReasonInvalidTTL, "invalid TTL %v: zero or negative (leave it out for the server's default)", t)
 	}
 	return d.AsDuration(), nil
 }
@@ -64,11 +79,22 @@ func (a *api) acquireIn(req *dlockv1.AcquireRequest) (acquireIn, error) {
 	if err != nil {
 		return acquireIn{}, err
 	}
-	return acquireIn{key: req.GetKey(), owner: req.GetOwner(), holder: req.GetHolder(), session: req.GetSession(), ttl: ttl, wait: req.GetWait()}, nil
+	in := acquireIn{key: req.GetKey(), owner: req.GetOwner(), holder: req.GetHolder(), session: req.GetSession(), ttl: ttl, wait: req.GetWait()}
+	if d := req.GetLockDelay(); d != nil {
+		if err := d.CheckValid(); err != nil || d.AsDuration() < 0 {
+			return acquireIn{}, apiErr(codes.InvalidArgument, ReasonInvalidRequest, "invalid lock_delay %v: want a duration from 0 to the TTL", d)
+		}
+		in.lockDelay, in.hasLockDelay = d.AsDuration(), true
+	}
+	return in, nil
 }
 
 func grantPB(g acquireOut) *dlockv1.AcquireResponse {
-	return &dlockv1.AcquireResponse{Key: g.key, Owner: g.owner, Fence: g.fence, Ttl: durationpb.New(g.ttl)}
+	r := &dlockv1.AcquireResponse{Key: g.key, Owner: g.owner, Fence: g.fence, Ttl: durationpb.New(g.ttl)}
+	if g.claimWithin > 0 {
+		r.ClaimWithin = durationpb.New(g.claimWithin)
+	}
+	return r
 }
 
 // Acquire implements dlockv1.LockServer.
@@ -109,7 +135,13 @@ func (a *api) Wait(stream dlockv1.Lock_WaitServer) error {
 	if err != nil {
 		return err
 	}
-	return stream.Send(&dlockv1.WaitEvent{Type: dlockv1.WaitEvent_GRANTED, Grant: grantPB(g)})
+	if err := stream.Send(&dlockv1.WaitEvent{Type: dlockv1.WaitEvent_GRANTED, Grant: grantPB(g)}); err != nil {
+		// The grant did not reach its receiver: release it at once rather
+		// than let the key sit with nobody for the claim window.
+		_ = a.s.undo(keyOwner{g.key, g.owner})
+		return err
+	}
+	return nil
 }
 
 // Renew implements dlockv1.LockServer.
@@ -179,22 +211,35 @@ func (a *api) Inspect(ctx context.Context, req *dlockv1.InspectRequest) (*dlockv
 		return nil, err
 	}
 	if !held {
-		return &dlockv1.InspectResponse{}, nil
+		r := &dlockv1.InspectResponse{Waiters: uint32(min(h.waiters, 1<<31))}
+		if h.inDelay {
+			r.LockDelayRemaining = durationpb.New(h.delayLeft)
+		}
+		return r, nil
 	}
 	return &dlockv1.InspectResponse{Held: true, Info: holderPB(h), Waiters: uint32(min(h.waiters, 1<<31))}, nil
 }
 
 // List implements dlockv1.LockServer.
 func (a *api) List(ctx context.Context, req *dlockv1.ListRequest) (*dlockv1.ListResponse, error) {
-	hs, err := a.s.list(req.GetPrefix(), int(req.GetLimit()))
+	hs, next, err := a.s.list(req.GetPrefix(), req.GetPageToken(), int(req.GetLimit()))
 	if err != nil {
 		return nil, err
 	}
-	resp := &dlockv1.ListResponse{Holders: make([]*dlockv1.HolderInfo, len(hs))}
+	resp := &dlockv1.ListResponse{Holders: make([]*dlockv1.HolderInfo, len(hs)), NextPageToken: next}
 	for i, h := range hs {
 		resp.Holders[i] = holderPB(h)
 	}
 	return resp, nil
+}
+
+// ForceRelease implements dlockv1.LockServer.
+func (a *api) ForceRelease(ctx context.Context, req *dlockv1.ForceReleaseRequest) (*dlockv1.ForceReleaseResponse, error) {
+	h, next, err := a.s.forceRelease(req.GetKey(), req.GetReason())
+	if err != nil {
+		return nil, err
+	}
+	return &dlockv1.ForceReleaseResponse{Removed: holderPB(h), NextFence: next}, nil
 }
 
 // Watch implements dlockv1.LockServer.
@@ -202,15 +247,27 @@ func (a *api) Watch(req *dlockv1.WatchRequest, stream dlockv1.Lock_WatchServer) 
 	if err := checkToken("session", req.GetSession()); err != nil {
 		return err
 	}
-	sub := a.s.sessions.subscribe(req.GetSession())
+	sub := a.s.sessions.subscribe(req.GetSession(), a.s.cfg.MaxWatchBacklog)
 	defer a.s.sessions.unsubscribe(req.GetSession(), sub)
 	if err := stream.Send(&dlockv1.WatchEvent{Type: dlockv1.WatchEvent_READY}); err != nil {
 		return err
 	}
 	for {
 		select {
-		case ev := <-sub.ch:
-			if err := stream.Send(&dlockv1.WatchEvent{Type: dlockv1.WatchEvent_LOST, Key: ev.key, Owner: ev.owner, Fence: ev.fence}); err != nil {
+		case <-sub.wake:
+			evs, overflow := a.s.sessions.take(sub)
+			for i := range evs {
+				ev := &evs[i]
+				if err := stream.Send(&dlockv1.WatchEvent{Type: dlockv1.WatchEvent_LOST, Key: ev.key, Owner: ev.owner, Fence: ev.fence, Reason: ev.reason.String()}); err != nil {
+					return err
+				}
+			}
+			if overflow {
+				// The client reads slower than its leases end: end the
+				// stream rather than drop a loss in silence; the client
+				// reconnects.
+				err := apiErr(codes.ResourceExhausted, ReasonWatchBacklogFull, "watch: more than %d loss events unread; reconnect, and count the session's leases as possibly lost until renewed", a.s.cfg.MaxWatchBacklog)
+				a.s.limits().refused(limitWatchBacklog, err.Error())
 				return err
 			}
 		case <-stream.Context().Done():

@@ -6,26 +6,38 @@ import (
 	"time"
 )
 
-// lease is the leader's in-memory countdown of one grant. Deadlines are
-// read from the monotonic clock of this process and never leave it.
+// lease is the leader's in-memory countdown of one grant, or of one key's
+// lock-delay. Deadlines are read from the monotonic clock of this process
+// and never leave it.
 //
-// It is kept small (64 bytes) because there is one per held key: the
-// deadline is in nanoseconds since the clock's epoch, and strings are shared
-// with the FSM.
+// There is one per held key, so it stays small: deadlines are nanoseconds
+// since the clock's epoch, and strings are shared with the FSM.
 type lease struct {
 	key      string
-	owner    string
+	owner    string // "" for a lock-delay
 	fence    uint64
-	ttl      time.Duration
-	deadline int64 // nanoseconds since leaseClock.epoch (monotonic)
-	idx      int32 // index in the heap, -1 when not in it
-	expiring bool  // an expire entry has been proposed
+	ttl      time.Duration // a lock-delay: the delay
+	version  uint64        // the FSM version this countdown runs for
+	deadline int64         // nanoseconds since leaseClock.epoch (monotonic)
+	claimBy  int64         // a handed-over grant not claimed yet: its claim deadline; 0 otherwise
+	idx      int32         // index in the heap, -1 when not in it
+	expiring bool          // an entry that ends it has been proposed
+	delay    bool          // a lock-delay countdown
+}
+
+// due is when the countdown next needs the leader: its deadline, or its
+// claim deadline when that comes first.
+func (l *lease) due() int64 {
+	if l.claimBy != 0 && l.claimBy < l.deadline {
+		return l.claimBy
+	}
+	return l.deadline
 }
 
 type leaseHeap []*lease
 
 func (h leaseHeap) Len() int           { return len(h) }
-func (h leaseHeap) Less(i, j int) bool { return h[i].deadline < h[j].deadline }
+func (h leaseHeap) Less(i, j int) bool { return h[i].due() < h[j].due() }
 func (h leaseHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
 	h[i].idx = int32(i)
@@ -46,12 +58,16 @@ func (h *leaseHeap) Pop() any {
 	return l
 }
 
-// leaseClock keeps a countdown per held key, fed by the FSM's events on every
-// node; only the leader's is used to expire and renew. A restored table, and
-// every new term of leadership, restart each countdown at its full TTL.
+// leaseClock keeps a countdown per held key and per key in a lock-delay,
+// fed by the FSM's events on every node; only the leader's is used to
+// expire, to release unclaimed handovers, to end lock-delays and to renew.
+// A restored table, and every new term of leadership, restart each
+// countdown at its full TTL (each lock-delay at its full delay) and forget
+// pending claims.
 type leaseClock struct {
-	now   func() time.Time
-	epoch time.Time // monotonic origin of deadlines
+	now         func() time.Time
+	epoch       time.Time     // monotonic origin of deadlines
+	claimWindow time.Duration // a handed-over grant must be claimed within this; 0: no claims
 
 	mu    sync.Mutex
 	byKey map[string]*lease
@@ -59,8 +75,8 @@ type leaseClock struct {
 	wake  chan struct{} // buffered 1: the earliest deadline may have moved
 }
 
-func newLeaseClock(now func() time.Time) *leaseClock {
-	return &leaseClock{now: now, epoch: now(), byKey: make(map[string]*lease), wake: make(chan struct{}, 1)}
+func newLeaseClock(now func() time.Time, claimWindow time.Duration) *leaseClock {
+	return &leaseClock{now: now, epoch: now(), claimWindow: claimWindow, byKey: make(map[string]*lease), wake: make(chan struct{}, 1)}
 }
 
 // at converts a time to a deadline; toTime converts back.
@@ -74,55 +90,83 @@ func (c *leaseClock) poke() {
 	}
 }
 
+// put replaces key's countdown with l, with c.mu held.
+func (c *leaseClock) put(l *lease) {
+	if old := c.byKey[l.key]; old != nil && old.idx >= 0 {
+		heap.Remove(&c.heap, int(old.idx))
+	}
+	c.byKey[l.key] = l
+	heap.Push(&c.heap, l)
+}
+
+// drop removes l, with c.mu held.
+func (c *leaseClock) drop(l *lease) {
+	if l.idx >= 0 {
+		heap.Remove(&c.heap, int(l.idx))
+	}
+	delete(c.byKey, l.key)
+}
+
+// fix puts l back in order after its deadlines moved, with c.mu held.
+func (c *leaseClock) fix(l *lease) {
+	if l.idx >= 0 {
+		heap.Fix(&c.heap, int(l.idx))
+	} else {
+		heap.Push(&c.heap, l)
+	}
+}
+
 // apply updates the countdowns from FSM events.
 func (c *leaseClock) apply(evs []event) {
 	now := c.at(c.now())
-	poke := false
 	c.mu.Lock()
 	for i := range evs {
 		ev := &evs[i]
 		switch ev.kind {
 		case evGranted:
-			if old := c.byKey[ev.key]; old != nil && old.idx >= 0 {
-				heap.Remove(&c.heap, int(old.idx))
+			l := &lease{key: ev.key, owner: ev.owner, fence: ev.fence, ttl: ev.ttl, version: ev.version, deadline: now + int64(ev.ttl)}
+			if ev.handoff && c.claimWindow > 0 {
+				l.claimBy = now + int64(c.claimWindow)
 			}
-			l := &lease{key: ev.key, owner: ev.owner, fence: ev.fence, ttl: ev.ttl, deadline: now + int64(ev.ttl)}
-			c.byKey[ev.key] = l
-			heap.Push(&c.heap, l)
-			poke = poke || l.idx == 0
+			c.put(l)
 		case evRemoved:
-			if l := c.byKey[ev.key]; l != nil && l.owner == ev.owner {
-				if l.idx >= 0 {
-					heap.Remove(&c.heap, int(l.idx))
-				}
-				delete(c.byKey, ev.key)
+			if l := c.byKey[ev.key]; l != nil && !l.delay && l.owner == ev.owner {
+				c.drop(l)
 			}
 		case evTTL:
-			if l := c.byKey[ev.key]; l != nil && l.owner == ev.owner {
+			// A TTL change or a retried acquire by the holder, through the
+			// log: the countdown restarts with the entry's version, which
+			// makes any expiry proposed for an older version stale. The
+			// holder asked, so a pending claim is made too.
+			if l := c.byKey[ev.key]; l != nil && !l.delay && l.owner == ev.owner {
 				l.ttl = ev.ttl
+				l.version = ev.version
 				l.deadline = now + int64(ev.ttl)
-				if l.idx >= 0 {
-					heap.Fix(&c.heap, int(l.idx))
-				}
-				poke = true
+				l.claimBy = 0
+				l.expiring = false
+				c.fix(l)
+			}
+		case evDelayed:
+			c.put(&lease{key: ev.key, ttl: ev.ttl, version: ev.version, deadline: now + int64(ev.ttl), delay: true})
+		case evDelayEnded:
+			if l := c.byKey[ev.key]; l != nil && l.delay && l.version == ev.version {
+				c.drop(l)
 			}
 		}
 	}
 	c.mu.Unlock()
-	if poke {
-		c.poke()
-	}
+	c.poke()
 }
 
-// reset replaces every countdown with holders', each restarted at its full
-// TTL from now.
-func (c *leaseClock) reset(holders []event) {
+// reset replaces every countdown with state's (evGranted and evDelayed
+// events), each restarted in full from now.
+func (c *leaseClock) reset(state []event) {
 	now := c.at(c.now())
 	c.mu.Lock()
-	c.byKey = make(map[string]*lease, len(holders))
-	c.heap = make(leaseHeap, 0, len(holders))
-	for _, ev := range holders {
-		l := &lease{key: ev.key, owner: ev.owner, fence: ev.fence, ttl: ev.ttl, deadline: now + int64(ev.ttl), idx: int32(len(c.heap))}
+	c.byKey = make(map[string]*lease, len(state))
+	c.heap = make(leaseHeap, 0, len(state))
+	for _, ev := range state {
+		l := &lease{key: ev.key, owner: ev.owner, fence: ev.fence, ttl: ev.ttl, version: ev.version, deadline: now + int64(ev.ttl), idx: int32(len(c.heap)), delay: ev.kind == evDelayed}
 		c.byKey[ev.key] = l
 		c.heap = append(c.heap, l)
 	}
@@ -131,14 +175,17 @@ func (c *leaseClock) reset(holders []event) {
 	c.poke()
 }
 
-// restartAll restarts every countdown at its full TTL from now (a new term
-// of leadership) and forgets proposed expiries.
+// restartAll restarts every countdown in full from now (a new term of
+// leadership), forgets proposed ends and pending claims: a new leader cannot
+// know whether a claim reached its predecessor, so it treats every grant as
+// claimed (late, never early).
 func (c *leaseClock) restartAll() {
 	now := c.at(c.now())
 	c.mu.Lock()
 	c.heap = c.heap[:0]
 	for _, l := range c.byKey {
 		l.deadline = now + int64(l.ttl)
+		l.claimBy = 0
 		l.expiring = false
 		l.idx = int32(len(c.heap))
 		c.heap = append(c.heap, l)
@@ -153,79 +200,112 @@ type renewOutcome int
 
 const (
 	renewOK       renewOutcome = iota
-	renewLost                  // not the holder, or its countdown already ran out
+	renewLost                  // not the holder, its countdown or claim window ran out, or an end was proposed
 	renewNeedsLog              // a different TTL: must go through the log
 )
 
-// renew moves the deadline of owner's grant on key to now + its TTL, when
-// owner holds key and its countdown has not run out. ttl 0 keeps the TTL.
+// renew moves the deadline of owner's grant on key to now + its TTL, and
+// claims a handed-over grant, when owner holds key and neither its countdown
+// nor its claim window has run out. ttl 0 keeps the TTL.
 func (c *leaseClock) renew(key, owner string, ttl time.Duration, t time.Time) renewOutcome {
 	now := c.at(t)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l := c.byKey[key]
-	if l == nil || l.owner != owner || l.expiring || now >= l.deadline {
+	if l == nil || l.delay || l.owner != owner || l.expiring || now >= l.deadline || (l.claimBy != 0 && now >= l.claimBy) {
 		return renewLost
 	}
 	if ttl != 0 && ttl != l.ttl {
 		return renewNeedsLog
 	}
 	l.deadline = now + int64(l.ttl)
-	if l.idx >= 0 {
-		heap.Fix(&c.heap, int(l.idx))
-	}
+	l.claimBy = 0
+	c.fix(l)
 	return renewOK
 }
 
-// remaining returns the time left on key's countdown, if owner-agnostic
-// state is known.
+// remaining returns the time left on the countdown of key's grant with
+// fence, if this node has it.
 func (c *leaseClock) remaining(key string, fence uint64) (time.Duration, bool) {
 	now := c.at(c.now())
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l := c.byKey[key]
-	if l == nil || l.fence != fence {
+	if l == nil || l.delay || l.fence != fence {
 		return 0, false
 	}
 	return time.Duration(max(l.deadline-now, 0)), true
 }
 
+// delayRemaining returns the time left on key's lock-delay, if one runs.
+func (c *leaseClock) delayRemaining(key string) (time.Duration, bool) {
+	now := c.at(c.now())
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l := c.byKey[key]
+	if l == nil || !l.delay {
+		return 0, false
+	}
+	return time.Duration(max(l.deadline-now, 0)), true
+}
+
+// fireKind is what the leader must propose for a countdown that ran out.
+type fireKind int
+
+const (
+	fireExpire    fireKind = iota // the grant's countdown ran out: opExpire
+	fireUnclaimed                 // the handed-over grant was not claimed in time: opUnclaimed
+	fireEndDelay                  // the key's lock-delay ran out: opEndDelay
+)
+
+// fired is one countdown that ran out.
+type fired struct {
+	kind fireKind
+	x    expiry // key, owner ("" for a delay) and version
+}
+
 // takeExpired marks up to limit run-out countdowns as expiring and returns
 // them, and the time of the next deadline (zero when none).
-func (c *leaseClock) takeExpired(t time.Time, limit int) ([]keyOwner, time.Time) {
+func (c *leaseClock) takeExpired(t time.Time, limit int) ([]fired, time.Time) {
 	now := c.at(t)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var out []keyOwner
+	var out []fired
 	for len(c.heap) > 0 && len(out) < limit {
 		l := c.heap[0]
-		if now < l.deadline {
-			return out, c.toTime(l.deadline)
+		if now < l.due() {
+			return out, c.toTime(l.due())
 		}
 		heap.Pop(&c.heap)
 		l.expiring = true
-		out = append(out, keyOwner{key: l.key, owner: l.owner})
+		f := fired{kind: fireExpire, x: expiry{key: l.key, owner: l.owner, version: l.version}}
+		switch {
+		case l.delay:
+			f.kind = fireEndDelay
+		case now < l.deadline: // the claim deadline came first
+			f.kind = fireUnclaimed
+		}
+		out = append(out, f)
 	}
 	if len(c.heap) > 0 {
-		return out, c.toTime(c.heap[0].deadline)
+		return out, c.toTime(c.heap[0].due())
 	}
 	return out, time.Time{}
 }
 
-// retry puts back countdowns whose expire entry failed, to be tried again
-// after delay.
-func (c *leaseClock) retry(pairs []keyOwner, delay time.Duration) {
+// retry puts back countdowns whose entry failed, to be tried again after
+// delay.
+func (c *leaseClock) retry(fs []fired, delay time.Duration) {
 	at := c.at(c.now().Add(delay))
 	c.mu.Lock()
-	for _, p := range pairs {
-		if l := c.byKey[p.key]; l != nil && l.owner == p.owner && l.expiring {
+	for _, f := range fs {
+		if l := c.byKey[f.x.key]; l != nil && l.owner == f.x.owner && l.version == f.x.version && l.expiring {
 			l.expiring = false
-			l.deadline = at
-			if l.idx < 0 {
-				heap.Push(&c.heap, l)
-			} else {
-				heap.Fix(&c.heap, int(l.idx))
+			l.deadline = max(l.deadline, at)
+			if l.claimBy != 0 {
+				l.claimBy = max(l.claimBy, at)
 			}
+			c.fix(l)
 		}
 	}
 	c.mu.Unlock()

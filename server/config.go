@@ -97,18 +97,87 @@ type Config struct {
 	Pprof bool
 
 	// Lock-table safety settings (lock-delay, claim window, total waiters).
+	// LockDelay is the default lock-delay (Chubby's and Consul's): after a
+	// grant is lost without a release (expiry, force release), its key is
+	// granted to nobody for this long, so that a paused holder's in-flight
+	// writes land before the next holder starts. A request may set its own,
+	// up to its TTL; the default is capped at each grant's TTL. Default 0
+	// (none).
+	LockDelay time.Duration
+	// ClaimWindow is how long the receiver of a handed-over grant (a waiter
+	// granted on a release or an expiry) has to confirm it with a renewal,
+	// before the grant is released to the next waiter: a waiter that
+	// vanished without closing its connection must not keep the key for a
+	// whole TTL. Default 5s.
+	ClaimWindow time.Duration
+	// MaxWaiters bounds the queue entries of the whole lock table. Default
+	// 100,000.
+	MaxWaiters int
 
 	// Connection and stream limits (connections, streams, in-flight calls,
-	// HTTP read deadlines).
+	// HTTP read deadlines). Each refusal is answered RESOURCE_EXHAUSTED
+	// (gRPC) or 429 (HTTP) with a reason, unless said otherwise, counted in
+	// dlockd_limit_refusals_total{limit} and logged at info, at most one
+	// line per limit per 10s.
+
+	// MaxConnections bounds the open connections of the API port, gRPC and
+	// HTTP together. A connection beyond it is closed at once, before a
+	// byte is read or written (limit "connections"): holding it would keep
+	// its file descriptor, the very resource the cap protects, and the
+	// client's reconnection backoff spaces out its retries. Default 10,000.
+	MaxConnections int
+	// MaxStreamsPerConnection is the HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS
+	// of gRPC connections: a client runs at most this many calls at once on
+	// one connection and queues the others itself (grpc-go refuses excess
+	// streams with REFUSED_STREAM; these are not counted). Default 1,024.
+	MaxStreamsPerConnection int
+	// MaxSessionStreams, MaxWaitStreams and MaxWatchStreams bound the open
+	// Session, Wait and Watch streams of this node; one more is answered
+	// RESOURCE_EXHAUSTED (TOO_MANY_STREAMS; limits "session_streams",
+	// "wait_streams", "watch_streams"). Defaults 10,000 each.
+	MaxSessionStreams, MaxWaitStreams, MaxWatchStreams int
+	// MaxWaitingRequests bounds this node's acquisitions with wait in
+	// flight: Wait streams and Acquire with wait, over gRPC or HTTP. One
+	// more is answered RESOURCE_EXHAUSTED / 429 (TOO_MANY_WAITING_REQUESTS;
+	// limit "waiting_requests"). MaxWaiters bounds the lock table's queue
+	// entries; this bounds the requests (goroutines, streams) of this node.
+	// Default 10,000.
+	MaxWaitingRequests int
+	// MaxInflightPerStream bounds the calls of one Session stream that are
+	// running or whose answer is not sent yet. When it is reached the
+	// server stops reading that stream until a call is answered, and HTTP/2
+	// flow control holds the client back (counted as limit
+	// "session_inflight", nothing is refused). Default 256, at most 65,536.
+	MaxInflightPerStream int
+	// MaxWatchBacklog bounds the loss events queued for one Watch stream
+	// whose client does not read them. Beyond it the stream ends with
+	// RESOURCE_EXHAUSTED (WATCH_BACKLOG_FULL; limit "watch_backlog") rather
+	// than drop an event, and the client reconnects. Default 1,024 events.
+	MaxWatchBacklog int
+	// HTTPBodyTimeout bounds the reading of an HTTP request's body, counted
+	// from the start of its handler; a slower body is answered 408
+	// (DEADLINE_EXCEEDED, BODY_TIMEOUT; limit "http_body_timeout") and its
+	// connection closed. A long-poll wait after the body is not bounded by
+	// it. (Headers are bounded by 10s.) Default 10s.
+	HTTPBodyTimeout time.Duration
 
 	// Logging and observability settings.
 
-	// Logger receives the server's logs. Nil: slog.Default().
+	// Logger receives the server's logs, and Raft's (hashicorp/raft,
+	// raft-wal and the Raft transport log through an hclog adapter into
+	// Logger's handler), so one handler sets the format and the level of
+	// everything. At info it logs start and stop, leader changes, keys
+	// handed to waiters, grants that expired or were force-released or not
+	// claimed, and refused requests (rate-limited); at debug, one line per
+	// API call. A normal start of a single node logs no warning. Nil:
+	// slog.Default().
 	Logger *slog.Logger
-	// RaftLogLevel is the hclog level of Raft's own logs ("trace", "debug",
-	// "info", "warn", "error", "off"). Default "warn".
+	// RaftLogLevel overrides the level of Raft's lines alone: "trace",
+	// "debug", "info", "warn", "error", or "off" to drop them. Default ""
+	// (Raft follows Logger's level).
 	RaftLogLevel string
-	// RaftLogOutput receives Raft's logs. Nil: os.Stderr.
+	// RaftLogOutput, when set, receives Raft's lines as slog text instead of
+	// Logger, at RaftLogLevel (or at Logger's level). Default nil.
 	RaftLogOutput io.Writer
 }
 
@@ -126,6 +195,8 @@ func DefaultConfig() Config {
 		DefaultTTL:         30 * time.Second,
 		MaxWaitersPerKey:   10000,
 		MaxLeases:          1000000,
+		MaxWaiters:         100000,
+		ClaimWindow:        5 * time.Second,
 		MaxRequestBytes:    1 << 20,
 		MaxRenewBatch:      10000,
 		MaxListLimit:       10000,
@@ -139,7 +210,17 @@ func DefaultConfig() Config {
 		TrailingLogs:       10240,
 		ApplyTimeout:       10 * time.Second,
 		ShutdownTimeout:    10 * time.Second,
-		RaftLogLevel:       "warn",
+
+		// Connection and stream limits.
+		MaxConnections:          10000,
+		MaxStreamsPerConnection: 1024,
+		MaxSessionStreams:       10000,
+		MaxWaitStreams:          10000,
+		MaxWatchStreams:         10000,
+		MaxWaitingRequests:      10000,
+		MaxInflightPerStream:    256,
+		MaxWatchBacklog:         1024,
+		HTTPBodyTimeout:         10 * time.Second,
 	}
 }
 
@@ -179,6 +260,15 @@ func (c Config) Validate() error {
 	if c.MaxWaitersPerKey < 0 {
 		bad("MaxWaitersPerKey %d is negative", c.MaxWaitersPerKey)
 	}
+	if c.LockDelay < 0 || c.LockDelay > c.MaxTTL {
+		bad("LockDelay %v outside [0, MaxTTL %v]", c.LockDelay, c.MaxTTL)
+	}
+	if c.ClaimWindow < c.MinTTL || c.ClaimWindow > time.Hour {
+		bad("ClaimWindow %v outside [MinTTL %v, 1h]", c.ClaimWindow, c.MinTTL)
+	}
+	if c.MaxWaiters < 1 {
+		bad("MaxWaiters %d < 1", c.MaxWaiters)
+	}
 	if c.MaxLeases < 1 {
 		bad("MaxLeases %d < 1", c.MaxLeases)
 	}
@@ -190,6 +280,27 @@ func (c Config) Validate() error {
 	}
 	if c.MaxListLimit < 1 {
 		bad("MaxListLimit %d < 1", c.MaxListLimit)
+	}
+	if c.MaxConnections < 1 {
+		bad("MaxConnections %d < 1", c.MaxConnections)
+	}
+	if c.MaxStreamsPerConnection < 1 || c.MaxStreamsPerConnection > 1<<31-1 {
+		bad("MaxStreamsPerConnection %d outside [1, 2^31-1]", c.MaxStreamsPerConnection)
+	}
+	if c.MaxSessionStreams < 1 || c.MaxWaitStreams < 1 || c.MaxWatchStreams < 1 {
+		bad("MaxSessionStreams %d, MaxWaitStreams %d and MaxWatchStreams %d must be at least 1", c.MaxSessionStreams, c.MaxWaitStreams, c.MaxWatchStreams)
+	}
+	if c.MaxWaitingRequests < 1 {
+		bad("MaxWaitingRequests %d < 1", c.MaxWaitingRequests)
+	}
+	if c.MaxInflightPerStream < 1 || c.MaxInflightPerStream > 65536 {
+		bad("MaxInflightPerStream %d outside [1, 65536]", c.MaxInflightPerStream)
+	}
+	if c.MaxWatchBacklog < 1 {
+		bad("MaxWatchBacklog %d < 1", c.MaxWatchBacklog)
+	}
+	if c.HTTPBodyTimeout <= 0 {
+		bad("HTTPBodyTimeout %v is not positive", c.HTTPBodyTimeout)
 	}
 	if c.HeartbeatTimeout <= 0 || c.ElectionTimeout <= 0 || c.LeaderLeaseTimeout <= 0 || c.CommitTimeout <= 0 {
 		bad("Raft timeouts must be positive")
@@ -207,9 +318,9 @@ func (c Config) Validate() error {
 		bad("ApplyTimeout and ShutdownTimeout must be positive")
 	}
 	switch c.RaftLogLevel {
-	case "trace", "debug", "info", "warn", "error", "off":
+	case "", "trace", "debug", "info", "warn", "error", "off":
 	default:
-		bad("RaftLogLevel %q is not one of trace, debug, info, warn, error, off", c.RaftLogLevel)
+		bad("RaftLogLevel %q is not one of trace, debug, info, warn, error, off (or empty: follow Logger)", c.RaftLogLevel)
 	}
 	return errors.Join(errs...)
 }
@@ -238,8 +349,20 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.NoSync, "unsafe-no-fsync", c.NoSync, "do not fsync the Raft log (tests and benchmarks only: a crash can lose acknowledged grants and reissue fences)")
 	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "serve net/http/pprof under /debug/pprof/ on the API port")
 	// Lock-table safety settings.
+	fs.DurationVar(&c.LockDelay, "lock-delay", c.LockDelay, "after a grant is lost without a release, grant its key to nobody for this long (a request may set its own, up to its TTL)")
+	fs.DurationVar(&c.ClaimWindow, "claim-window", c.ClaimWindow, "a waiter handed a key must confirm the grant (renew) within this, or it goes to the next waiter")
+	fs.IntVar(&c.MaxWaiters, "max-waiters", c.MaxWaiters, "queue entries limit of the server")
 
 	// Connection and stream limits.
+	fs.IntVar(&c.MaxConnections, "max-connections", c.MaxConnections, "open connections limit of the API port; more are closed at once")
+	fs.IntVar(&c.MaxStreamsPerConnection, "max-streams-per-connection", c.MaxStreamsPerConnection, "concurrent gRPC streams limit per connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS)")
+	fs.IntVar(&c.MaxSessionStreams, "max-session-streams", c.MaxSessionStreams, "open Session streams limit of the server")
+	fs.IntVar(&c.MaxWaitStreams, "max-wait-streams", c.MaxWaitStreams, "open Wait streams limit of the server")
+	fs.IntVar(&c.MaxWatchStreams, "max-watch-streams", c.MaxWatchStreams, "open Watch streams limit of the server")
+	fs.IntVar(&c.MaxWaitingRequests, "max-waiting-requests", c.MaxWaitingRequests, "acquisitions with wait in flight limit of the server (Wait streams, gRPC and HTTP)")
+	fs.IntVar(&c.MaxInflightPerStream, "max-inflight-per-stream", c.MaxInflightPerStream, "calls in flight per Session stream; beyond, the server stops reading the stream")
+	fs.IntVar(&c.MaxWatchBacklog, "max-watch-backlog", c.MaxWatchBacklog, "unread loss events per Watch stream; beyond, the stream ends so the client reconnects")
+	fs.DurationVar(&c.HTTPBodyTimeout, "http-body-timeout", c.HTTPBodyTimeout, "time limit for reading an HTTP request body (not the wait that follows)")
 
 	// Logging and observability settings.
 }

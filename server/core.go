@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"strings"
@@ -147,46 +148,77 @@ type acquireIn struct {
 	key, owner, holder, session string
 	ttl                         time.Duration
 	wait                        bool
+	lockDelay                   time.Duration // with hasLockDelay: the request's own lock-delay
+	hasLockDelay                bool
 }
 
 // acquireOut is a grant.
 type acquireOut struct {
-	key, owner string
-	fence      uint64
-	ttl        time.Duration
+	key, owner  string
+	fence       uint64
+	ttl         time.Duration
+	claimWithin time.Duration // a handed-over grant: confirm with a renewal within this
 }
 
 // errWaitCancelled is returned by acquire when the client cancelled the
 // wait through the cancel channel; nothing is left on the server.
 var errWaitCancelled = apiErr(codes.Canceled, ReasonCancelled, "wait cancelled by the client")
 
-// acquire grants in.key to in.owner, or queues and waits when in.wait. The
-// wait ends with the grant, or with ctx, cancel or shutdown; in these cases
-// the queue entry (or a grant that raced) is removed before it returns.
-// onQueued, when not nil, is called once with the queue position.
-func (s *Server) acquire(ctx context.Context, in acquireIn, cancel <-chan struct{}, onQueued func(int)) (acquireOut, error) {
+// validateAcquire checks in and fills its defaults (TTL, owner token,
+// lock-delay).
+func (s *Server) validateAcquire(in *acquireIn) error {
 	var err error
 	if err = s.checkKey(in.key); err != nil {
-		return acquireOut{}, err
+		return err
 	}
 	if in.ttl, err = s.ttlOrDefault(in.ttl, s.cfg.DefaultTTL); err != nil {
-		return acquireOut{}, err
+		return err
 	}
 	if in.owner == "" {
 		in.owner = newToken()
 	} else if err = checkToken("owner", in.owner); err != nil {
-		return acquireOut{}, err
+		return err
 	}
 	if in.session != "" {
 		if err = checkToken("session", in.session); err != nil {
-			return acquireOut{}, err
+			return err
 		}
 	}
 	if len(in.holder) > 256 || !utf8.ValidString(in.holder) {
-		return acquireOut{}, apiErr(codes.InvalidArgument, ReasonInvalidRequest, "invalid holder: more than 256 bytes or not UTF-8")
+		return apiErr(codes.InvalidArgument, ReasonInvalidRequest, "invalid holder: %d bytes (at most 256) or not UTF-8", len(in.holder))
 	}
-	if err = s.writable(); err != nil {
+	switch {
+	case !in.hasLockDelay:
+		in.lockDelay = min(s.cfg.LockDelay, in.ttl)
+	case in.lockDelay < 0 || in.lockDelay > in.ttl:
+		return apiErr(codes.InvalidArgument, ReasonInvalidRequest, "invalid lock_delay %v: want 0 to the TTL (%v)", in.lockDelay, in.ttl)
+	}
+	return nil
+}
+
+// acquire grants in.key to in.owner, or queues and waits when in.wait. The
+// wait ends with the grant, or with ctx, cancel or shutdown; in these cases
+// the queue entry (or a grant that raced) is removed before it returns.
+// onQueued, when not nil, is called once with the queue position.
+//
+// A try (no wait) of a key that is held by another owner, in a lock-delay,
+// or that the same owner waits for already, is refused from the leader's
+// state after a linearizable read: a refusal changes nothing and costs no
+// log entry and no disk write.
+func (s *Server) acquire(ctx context.Context, in acquireIn, cancel <-chan struct{}, onQueued func(int)) (acquireOut, error) {
+	if err := s.validateAcquire(&in); err != nil {
 		return acquireOut{}, err
+	}
+	if err := s.writable(); err != nil {
+		return acquireOut{}, err
+	}
+	if !in.wait {
+		if err := s.readBarrier(); err != nil {
+			return acquireOut{}, err
+		}
+		if v, ok := s.fsm.peek(in.key, in.owner); ok && (!v.held || v.grant.owner != in.owner) {
+			return acquireOut{}, s.refusal(in.key, v)
+		}
 	}
 	ko := keyOwner{in.key, in.owner}
 	var w *waitEntry
@@ -199,8 +231,8 @@ func (s *Server) acquire(ctx context.Context, in acquireIn, cancel <-chan struct
 	}
 	r, err := s.propose(&command{
 		op: opAcquire, key: in.key, owner: in.owner, holder: in.holder, session: in.session,
-		ttl: in.ttl, wait: in.wait,
-		maxWaiters: uint64(s.cfg.MaxWaitersPerKey), maxLeases: uint64(s.cfg.MaxLeases),
+		ttl: in.ttl, lockDelay: in.lockDelay, wait: in.wait,
+		maxWaiters: uint64(s.cfg.MaxWaitersPerKey), maxLeases: uint64(s.cfg.MaxLeases), maxTotalWaiters: uint64(s.cfg.MaxWaiters),
 	})
 	if err != nil {
 		return acquireOut{}, err
@@ -213,14 +245,22 @@ func (s *Server) acquire(ctx context.Context, in acquireIn, cancel <-chan struct
 			return acquireOut{}, ctxErr(ctx)
 		}
 		out.fence = r.fence
+		out.ttl = r.ttl
 		return out, nil
 	case resHeld:
 		return acquireOut{}, apiErr(codes.FailedPrecondition, ReasonLockHeld, "acquire %q: lock held", in.key)
+	case resDelayed:
+		return acquireOut{}, apiErr(codes.FailedPrecondition, ReasonLockHeld, "acquire %q: lock held (in its lock-delay after a lost grant)", in.key)
 	case resTooManyWaiters:
-		return acquireOut{}, apiErr(codes.ResourceExhausted, ReasonTooManyWaiters, "acquire %q: %d waiters already queued", in.key, s.cfg.MaxWaitersPerKey)
+		return acquireOut{}, apiErr(codes.ResourceExhausted, ReasonTooManyWaiters, "acquire %q: %d waiters already queued on the key", in.key, s.cfg.MaxWaitersPerKey)
+	case resTooManyQueued:
+		return acquireOut{}, apiErr(codes.ResourceExhausted, ReasonTooManyWaiters, "acquire %q: the server holds its maximum of %d queue entries", in.key, s.cfg.MaxWaiters)
 	case resTooManyLeases:
 		return acquireOut{}, apiErr(codes.ResourceExhausted, ReasonTooManyLeases, "acquire %q: server holds its maximum of %d leases", in.key, s.cfg.MaxLeases)
 	case resQueued:
+		if w == nil { // cannot happen: a try of a queued owner is refused by the FSM
+			return acquireOut{}, apiErr(codes.Internal, ReasonInternal, "acquire %q: queued without waiting", in.key)
+		}
 	default:
 		return acquireOut{}, apiErr(codes.Internal, ReasonInternal, "acquire %q: unexpected result %d", in.key, r.code)
 	}
@@ -232,6 +272,7 @@ func (s *Server) acquire(ctx context.Context, in acquireIn, cancel <-chan struct
 	case fence := <-w.ch:
 		if ctx.Err() == nil {
 			out.fence = fence
+			out.claimWithin = s.cfg.ClaimWindow
 			return out, nil
 		}
 		why = ctxErr(ctx)
@@ -246,6 +287,21 @@ func (s *Server) acquire(ctx context.Context, in acquireIn, cancel <-chan struct
 		return acquireOut{}, errors.Join(why, err)
 	}
 	return acquireOut{}, why
+}
+
+// refusal is the answer to a try that found key held by another owner, in a
+// lock-delay, or already waited for by the same owner.
+func (s *Server) refusal(key string, v holderView) error {
+	if !v.held {
+		if left, ok := s.clock.delayRemaining(key); ok {
+			return apiErr(codes.FailedPrecondition, ReasonLockHeld, "acquire %q: lock held (in its lock-delay after a lost grant, %v left)", key, left.Round(time.Millisecond))
+		}
+		return apiErr(codes.FailedPrecondition, ReasonLockHeld, "acquire %q: lock held (in its lock-delay after a lost grant)", key)
+	}
+	if v.queued {
+		return apiErr(codes.FailedPrecondition, ReasonLockHeld, "acquire %q: lock held (this owner is queued for it)", key)
+	}
+	return apiErr(codes.FailedPrecondition, ReasonLockHeld, "acquire %q: lock held", key)
 }
 
 // undo removes owner's queue entry on key, or releases its grant that raced
@@ -364,7 +420,7 @@ func (s *Server) readBarrier() error {
 	return nil
 }
 
-// holderOut describes one grant.
+// holderOut describes one grant, or a key in its lock-delay.
 type holderOut struct {
 	key          string
 	fence        uint64
@@ -373,15 +429,23 @@ type holderOut struct {
 	remaining    time.Duration
 	hasRemaining bool
 	waiters      int
+	delayLeft    time.Duration // not held: the lock-delay's time left
+	inDelay      bool
 }
 
 func (s *Server) describe(v holderView) holderOut {
 	h := holderOut{key: v.key, fence: v.grant.fence, holder: v.grant.holder, ttl: v.grant.ttl, waiters: v.waiters}
+	if !v.held {
+		h.delayLeft, _ = s.clock.delayRemaining(v.key)
+		h.inDelay = true
+		return h
+	}
 	h.remaining, h.hasRemaining = s.clock.remaining(v.key, v.grant.fence)
 	return h
 }
 
-// inspect describes key's grant; held is false when the key is free.
+// inspect describes key's grant; held is false when the key is free or in
+// its lock-delay (then out.inDelay is set, with its waiters).
 func (s *Server) inspect(key string) (holderOut, bool, error) {
 	if err := s.checkKey(key); err != nil {
 		return holderOut{}, false, err
@@ -393,29 +457,53 @@ func (s *Server) inspect(key string) (holderOut, bool, error) {
 	if !ok {
 		return holderOut{key: key}, false, nil
 	}
-	return s.describe(v), true, nil
+	return s.describe(v), v.held, nil
 }
 
-// list describes up to limit held keys starting with prefix, sorted.
-func (s *Server) list(prefix string, limit int) ([]holderOut, error) {
+// list describes up to limit held keys starting with prefix, sorted, from
+// the page that pageToken names (empty: the first), and returns the token of
+// the next page ("" after the last). Its cost is the page's, not the
+// table's: the FSM walks its ordered key index.
+func (s *Server) list(prefix, pageToken string, limit int) ([]holderOut, string, error) {
 	if len(prefix) > s.cfg.MaxKeyBytes || !utf8.ValidString(prefix) {
-		return nil, apiErr(codes.InvalidArgument, ReasonInvalidKey, "invalid prefix")
+		return nil, "", apiErr(codes.InvalidArgument, ReasonInvalidKey, "invalid prefix: more than %d bytes or not UTF-8", s.cfg.MaxKeyBytes)
 	}
 	if limit <= 0 {
 		limit = min(1000, s.cfg.MaxListLimit)
 	}
 	if limit > s.cfg.MaxListLimit {
-		return nil, apiErr(codes.InvalidArgument, ReasonInvalidRequest, "list limit %d > %d", limit, s.cfg.MaxListLimit)
+		return nil, "", apiErr(codes.InvalidArgument, ReasonInvalidRequest, "list limit %d > %d", limit, s.cfg.MaxListLimit)
+	}
+	after, err := decodePageToken(pageToken, s.cfg.MaxKeyBytes)
+	if err != nil {
+		return nil, "", err
 	}
 	if err := s.readBarrier(); err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	vs := s.fsm.list(prefix, limit)
+	vs, more := s.fsm.list(prefix, after, limit)
 	out := make([]holderOut, len(vs))
 	for i, v := range vs {
 		out[i] = s.describe(v)
 	}
-	return out, nil
+	next := ""
+	if more && len(vs) > 0 {
+		next = base64.RawURLEncoding.EncodeToString([]byte(vs[len(vs)-1].key))
+	}
+	return out, next, nil
+}
+
+// decodePageToken returns the key a list page token names: the last key of
+// the previous page, base64url-encoded.
+func decodePageToken(tok string, maxKey int) (string, error) {
+	if tok == "" {
+		return "", nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil || len(b) == 0 || len(b) > maxKey || !utf8.Valid(b) {
+		return "", apiErr(codes.InvalidArgument, ReasonInvalidRequest, "invalid page_token: pass the next_page_token of the previous page")
+	}
+	return string(b), nil
 }
 
 // checkFence says whether fence is key's current grant, and returns the
@@ -431,8 +519,40 @@ func (s *Server) checkFence(key string, fence uint64) (bool, uint64, error) {
 		return false, 0, err
 	}
 	v, ok := s.fsm.get(key)
-	if !ok {
+	if !ok || !v.held {
 		return false, 0, nil
 	}
 	return v.grant.fence == fence, v.grant.fence, nil
+}
+
+// ReasonNotHeld is the reason of a force release of a key that is free.
+const ReasonNotHeld = "NOT_HELD"
+
+// forceRelease removes key's grant whoever holds it (an operator's
+// override), and returns the grant removed and the fence handed to the next
+// waiter (0: none, or the key entered its lock-delay). The holder's Watch
+// streams hear LOST (FORCE_RELEASED) when the entry is applied. reason is
+// required and logged.
+func (s *Server) forceRelease(key, reason string) (holderOut, uint64, error) {
+	if err := s.checkKey(key); err != nil {
+		return holderOut{}, 0, err
+	}
+	reason = strings.TrimSpace(reason)
+	if reason == "" || len(reason) > 1024 || !utf8.ValidString(reason) {
+		return holderOut{}, 0, apiErr(codes.InvalidArgument, ReasonInvalidRequest, "force release %q: a reason (1 to 1024 bytes of UTF-8) is required", key)
+	}
+	if err := s.writable(); err != nil {
+		return holderOut{}, 0, err
+	}
+	r, err := s.propose(&command{op: opForceRelease, key: key})
+	if err != nil {
+		return holderOut{}, 0, err
+	}
+	if r.code == resLost {
+		return holderOut{}, 0, apiErr(codes.NotFound, ReasonNotHeld, "force release %q: not held", key)
+	}
+	g := r.removed
+	s.lockMetrics.forceReleased.Inc()
+	s.log.Info("dlockd: grant force-released", "key", key, "fence", g.fence, "holder", g.holder, "reason", reason, "next_fence", r.fence)
+	return holderOut{key: key, fence: g.fence, holder: g.holder, ttl: g.ttl}, r.fence, nil
 }

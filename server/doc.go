@@ -30,7 +30,65 @@
 //
 // A release, an expiry or a cancelled grant hands the key to the head waiter
 // in the same log entry, and the waiter's request is answered when that entry
-// is applied: no polling, no herd, FIFO.
+// is applied: no polling, no herd, FIFO. Each key's queue is a doubly linked
+// list with an index by owner token, so enqueue, handover and the cancel of
+// any entry cost O(1) however long the queue (a slice used to be copied on
+// every cancel: 10,000 cancels allocated gigabytes and stalled the FSM).
+// Held keys are also kept in an ordered index (a B-tree), so a List page
+// costs the page, not the table, and pages follow with a page token.
+//
+// # Grant versions
+//
+// Every grant carries a version: the index of the entry that last set its
+// countdown (the grant itself, a TTL change, a retried acquire by its
+// holder). The leader's expiry entry names the version whose countdown it saw
+// run out, and the FSM ignores an expiry of an older version. Without it, a
+// renewal that changed the TTL could be acknowledged (its entry committed)
+// while an expiry proposed a moment earlier, for the old countdown, was
+// still in flight and then ended the grant the holder had just been told was
+// renewed. The same holds for the release of an unclaimed handover.
+//
+// A repeated Acquire by the current owner (a retry whose answer was lost)
+// renews the grant through the log with the TTL it asks for and answers that
+// TTL: the server never answers a grant it will not honour.
+//
+// A try (Acquire without wait) that finds the key held by another owner, in
+// its lock-delay, or already waited for by the same owner, is refused from
+// the leader's state after a linearizable read (see Reads): a refusal
+// changes nothing, so it writes no log entry and waits for no fsync.
+//
+// # Claims of handed-over grants
+//
+// A waiter granted by a handover (the key was released or expired while it
+// waited) is told so with claim_within in its grant, and must confirm the
+// grant with a renewal within Config.ClaimWindow, or the leader releases it
+// to the next waiter (reason UNCLAIMED). A waiter that vanished without
+// closing its connection (a stopped process, a cut cable) would otherwise
+// keep the key for its whole TTL: sending it the grant succeeds into the
+// socket buffer. A failed send releases the grant at once. The claim is
+// safe for a live client: its validity is measured from when it sent the
+// wait, before the grant, and it acts only once the claiming renewal is
+// acknowledged; a renewal arriving after the claim deadline is refused, as
+// the release may already be proposed. A new leader cannot know whether a
+// claim reached its predecessor, so it treats every grant as claimed
+// (late, never early).
+//
+// # Lock-delay and force release
+//
+// After a grant is lost without a release by its owner (an expiry, a force
+// release), its key is granted to nobody for the grant's lock-delay (the
+// request's lock_delay, else Config.LockDelay capped at the TTL; Chubby's
+// and Consul's lock-delay), so that writes the paused holder still has in
+// flight land before a new holder starts. The FSM marks the key as delayed
+// with the entry's index as version; the leader's countdown proposes the end
+// of the delay, which hands the key to the head waiter. A new leader
+// restarts each delay in full. A voluntary release never delays.
+//
+// ForceRelease is the operator's override for a holder known to be dead: it
+// ends the grant whoever holds it (a reason is required and logged), the
+// holder's Watch streams hear LOST at once, and the next grant gets a
+// greater fence, so a holder that was in fact alive is fenced out at the
+// resource.
 //
 // # Expiry
 //

@@ -2,12 +2,13 @@ package server
 
 import (
 	"bufio"
+	"fmt"
 	"io"
-	"sort"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/google/btree"
 	"github.com/hashicorp/raft"
 )
 
@@ -15,37 +16,56 @@ import (
 type opcode byte
 
 const (
-	opAcquire    opcode = 1 // grant or queue (key, owner)
-	opRelease    opcode = 2 // owner releases key; head waiter granted in the same entry
-	opExpire     opcode = 3 // leader expires (key, owner) pairs; acts only where owner still holds
-	opCancelWait opcode = 4 // remove owner's queue entry, or release a grant that raced the cancellation
-	opSetTTL     opcode = 5 // change the TTL of owner's grant
-	opPurge      opcode = 6 // remove queue entries whose clients are gone (new leader)
+	opAcquire      opcode = 1 // grant or queue (key, owner); a retry by the holder renews through the log
+	opRelease      opcode = 2 // owner releases key; head waiter granted in the same entry
+	opExpire       opcode = 3 // leader expires grants; acts only on the grant version it saw run out
+	opCancelWait   opcode = 4 // remove owner's queue entry, or release a grant that raced the cancellation
+	opSetTTL       opcode = 5 // change the TTL of owner's grant (and restart its countdown)
+	opPurge        opcode = 6 // remove queue entries whose clients are gone (new leader)
+	opUnclaimed    opcode = 7 // leader releases handed-over grants their receivers did not claim in time
+	opForceRelease opcode = 8 // an operator removes key's grant whoever holds it
+	opEndDelay     opcode = 9 // the key's lock-delay has run out: hand it to the head waiter, or free it
 )
 
 // keyOwner names one grant or one queue entry.
 type keyOwner struct{ key, owner string }
 
+// expiry names one grant version that a leader's countdown saw run out.
+// version is the index of the entry that last set the grant's countdown
+// (its grant, a TTL change, a retried acquire); an expiry of an older
+// version is stale (a renewal through the log overtook it) and does nothing.
+// Version 0 (entries written before versions existed) matches any version.
+type expiry struct {
+	key, owner string
+	version    uint64
+}
+
 // command is one state machine command, carried in one Raft log entry. The
 // limits travel in the command so that every replica decides the same way
 // whatever its own configuration says.
 type command struct {
-	op         opcode
-	key        string
-	owner      string
-	holder     string
-	session    string
-	ttl        time.Duration
-	wait       bool
-	maxWaiters uint64
-	maxLeases  uint64
-	pairs      []keyOwner
+	op              opcode
+	key             string
+	owner           string
+	holder          string
+	session         string
+	ttl             time.Duration
+	lockDelay       time.Duration // acquire: lock-delay after a loss of this grant
+	wait            bool
+	maxWaiters      uint64 // acquire: per key
+	maxLeases       uint64 // acquire: held keys of the server
+	maxTotalWaiters uint64 // acquire: queue entries of the server (0: no limit, entries of version 1)
+	version         uint64 // end delay: the delay's version
+	pairs           []keyOwner
+	expiries        []expiry
 }
 
-const commandVersion = 1
+// commandVersion 2 added lock-delays, the total-waiters limit and grant
+// versions in expiries; entries of version 1 still decode.
+const commandVersion = 2
 
 func (c *command) encode() []byte {
-	e := enc{b: make([]byte, 0, 32+len(c.key)+len(c.owner)+len(c.holder)+len(c.session))}
+	e := enc{b: make([]byte, 0, 40+len(c.key)+len(c.owner)+len(c.holder)+len(c.session))}
 	e.byte1(commandVersion)
 	e.byte1(byte(c.op))
 	switch c.op {
@@ -58,6 +78,8 @@ func (c *command) encode() []byte {
 		e.boolean(c.wait)
 		e.u64(c.maxWaiters)
 		e.u64(c.maxLeases)
+		e.dur(c.lockDelay)
+		e.u64(c.maxTotalWaiters)
 	case opRelease, opCancelWait:
 		e.str(c.key)
 		e.str(c.owner)
@@ -65,11 +87,23 @@ func (c *command) encode() []byte {
 		e.str(c.key)
 		e.str(c.owner)
 		e.dur(c.ttl)
-	case opExpire, opPurge:
+	case opForceRelease:
+		e.str(c.key)
+	case opEndDelay:
+		e.str(c.key)
+		e.u64(c.version)
+	case opPurge:
 		e.u64(uint64(len(c.pairs)))
 		for _, p := range c.pairs {
 			e.str(p.key)
 			e.str(p.owner)
+		}
+	case opExpire, opUnclaimed:
+		e.u64(uint64(len(c.expiries)))
+		for _, x := range c.expiries {
+			e.str(x.key)
+			e.str(x.owner)
+			e.u64(x.version)
 		}
 	}
 	return e.b
@@ -78,7 +112,8 @@ func (c *command) encode() []byte {
 func decodeCommand(b []byte) (command, error) {
 	d := dec{b: b}
 	var c command
-	if v := d.byte1(); d.err == nil && v != commandVersion {
+	v := d.byte1()
+	if d.err == nil && v != 1 && v != commandVersion {
 		return c, errCorrupt
 	}
 	c.op = opcode(d.byte1())
@@ -92,6 +127,10 @@ func decodeCommand(b []byte) (command, error) {
 		c.wait = d.boolean()
 		c.maxWaiters = d.u64()
 		c.maxLeases = d.u64()
+		if v >= 2 {
+			c.lockDelay = d.dur()
+			c.maxTotalWaiters = d.u64()
+		}
 	case opRelease, opCancelWait:
 		c.key = d.str()
 		c.owner = d.str()
@@ -99,7 +138,18 @@ func decodeCommand(b []byte) (command, error) {
 		c.key = d.str()
 		c.owner = d.str()
 		c.ttl = d.dur()
-	case opExpire, opPurge:
+	case opForceRelease:
+		if v < 2 {
+			return c, errCorrupt
+		}
+		c.key = d.str()
+	case opEndDelay:
+		if v < 2 {
+			return c, errCorrupt
+		}
+		c.key = d.str()
+		c.version = d.u64()
+	case opPurge:
 		n := d.u64()
 		if n > uint64(len(d.b)) { // each pair takes at least 2 bytes
 			return c, errCorrupt
@@ -107,6 +157,22 @@ func decodeCommand(b []byte) (command, error) {
 		c.pairs = make([]keyOwner, 0, n)
 		for i := uint64(0); i < n && d.err == nil; i++ {
 			c.pairs = append(c.pairs, keyOwner{key: d.str(), owner: d.str()})
+		}
+	case opExpire, opUnclaimed:
+		if c.op == opUnclaimed && v < 2 {
+			return c, errCorrupt
+		}
+		n := d.u64()
+		if n > uint64(len(d.b)) {
+			return c, errCorrupt
+		}
+		c.expiries = make([]expiry, 0, n)
+		for i := uint64(0); i < n && d.err == nil; i++ {
+			x := expiry{key: d.str(), owner: d.str()}
+			if v >= 2 {
+				x.version = d.u64()
+			}
+			c.expiries = append(c.expiries, x)
 		}
 	default:
 		return c, errCorrupt
@@ -118,68 +184,167 @@ func decodeCommand(b []byte) (command, error) {
 type resultCode int
 
 const (
-	resOK             resultCode = iota // done (release, set TTL, cancel, expire, purge)
-	resGranted                          // acquire: granted now (fence set)
+	resOK             resultCode = iota // done (release, set TTL, cancel, expire, purge, force release)
+	resGranted                          // acquire: granted now (fence set), or renewed by its holder's retry
 	resQueued                           // acquire: queued (position set)
 	resHeld                             // acquire: key held, not waiting
-	resLost                             // release/set TTL: owner does not hold key
+	resLost                             // release/set TTL: owner does not hold key; force release: key not held
 	resTooManyWaiters                   // acquire: the key's queue is full
 	resTooManyLeases                    // acquire: the server holds its maximum of leases
 	resBadCommand                       // the entry did not decode; nothing changed
+	resDelayed                          // acquire: key in its lock-delay, not waiting
+	resTooManyQueued                    // acquire: the server holds its maximum of queue entries
 )
 
 // applyResult is what Apply returns for one log entry.
 type applyResult struct {
 	code     resultCode
-	fence    uint64 // acquire: the grant's fence; release: fence handed to the next waiter
-	position int    // acquire queued: 1-based queue position
-	dequeued bool   // cancel: a queue entry was removed
-	released bool   // cancel: a raced grant was released
+	fence    uint64        // acquire: the grant's fence; release, force release: fence handed to the next waiter
+	ttl      time.Duration // acquire granted: the TTL the countdown runs with
+	position int           // acquire queued: 1-based queue position
+	dequeued bool          // cancel: a queue entry was removed
+	released bool          // cancel: a raced grant was released
+	removed  grant         // force release: the grant removed
 }
 
 // grant is the holder of a key.
 type grant struct {
-	owner   string
-	holder  string
-	session string
-	fence   uint64
-	ttl     time.Duration
+	owner     string
+	holder    string
+	session   string
+	fence     uint64
+	ttl       time.Duration
+	lockDelay time.Duration // the key's lock-delay after a loss of this grant
+	version   uint64        // index of the entry that last set the countdown (grant, TTL change, retry)
 }
 
 // waiter is one queue entry.
 type waiter struct {
-	owner   string
-	holder  string
-	session string
-	ttl     time.Duration
+	owner     string
+	holder    string
+	session   string
+	ttl       time.Duration
+	lockDelay time.Duration
 }
 
-// lockEntry is one key of the lock table. An entry exists only while its key
-// is held; waiters exist only behind a holder (a release hands the key over
-// in the same entry).
+// waitNode is one queue entry in its key's doubly linked queue.
+type waitNode struct {
+	waiter
+	prev, next *waitNode
+}
+
+// waitQueue is a key's FIFO queue: a doubly linked list with an index by
+// owner, so that enqueue, dequeue of the head and cancel of any entry are
+// O(1) however long the queue is.
+type waitQueue struct {
+	head, tail *waitNode
+	byOwner    map[string]*waitNode
+}
+
+func (q *waitQueue) len() int { return len(q.byOwner) }
+
+func (q *waitQueue) find(owner string) *waitNode { return q.byOwner[owner] }
+
+func (q *waitQueue) push(w waiter) {
+	n := &waitNode{waiter: w, prev: q.tail}
+	if q.tail != nil {
+		q.tail.next = n
+	} else {
+		q.head = n
+	}
+	q.tail = n
+	if q.byOwner == nil {
+		q.byOwner = make(map[string]*waitNode)
+	}
+	q.byOwner[w.owner] = n
+}
+
+func (q *waitQueue) remove(n *waitNode) {
+	if n.prev != nil {
+		n.prev.next = n.next
+	} else {
+		q.head = n.next
+	}
+	if n.next != nil {
+		n.next.prev = n.prev
+	} else {
+		q.tail = n.prev
+	}
+	n.prev, n.next = nil, nil
+	delete(q.byOwner, n.owner)
+	if len(q.byOwner) == 0 {
+		q.byOwner = nil
+	}
+}
+
+// position returns n's 1-based place, walking from the head: O(n), used
+// only to answer a client that asks again while queued.
+func (q *waitQueue) position(n *waitNode) int {
+	p := 1
+	for x := q.head; x != nil && x != n; x = x.next {
+		p++
+	}
+	return p
+}
+
+// each calls f for every entry in queue order.
+func (q *waitQueue) each(f func(w *waiter)) {
+	for x := q.head; x != nil; x = x.next {
+		f(&x.waiter)
+	}
+}
+
+// lockEntry is one key of the lock table. An entry exists while its key is
+// held, or while its key is in a lock-delay (held by nobody, granted to
+// nobody until opEndDelay); waiters exist only behind one of these (a release
+// hands the key over in the same entry).
 type lockEntry struct {
-	grant   grant
-	waiters []waiter
+	grant        grant // valid when held
+	held         bool
+	delay        time.Duration // when !held: the lock-delay that runs
+	delayVersion uint64        // when !held: index of the entry that started the lock-delay
+	q            waitQueue
 }
 
 // eventKind is what an applied command did, as told to the server.
 type eventKind int
 
 const (
-	evGranted  eventKind = iota // key granted to owner (fence, ttl, session set)
-	evRemoved                   // owner's grant on key ended (reason set)
-	evDequeued                  // owner's queue entry on key removed
-	evTTL                       // owner's grant's TTL changed
+	evGranted   eventKind = iota // key granted to owner (fence, ttl, version, session, handoff set)
+	evRemoved                    // owner's grant on key ended (reason set)
+	evDequeued                   // owner's queue entry on key removed
+	evTTL                        // owner's grant's countdown restarts with ttl (version set)
+	evDelayed                    // key entered a lock-delay (ttl = the delay, version set)
+	evDelayEnded                 // key's lock-delay ended (a grant or nothing follows)
 )
 
 // removeReason says why a grant ended.
 type removeReason int
 
 const (
-	reasonReleased removeReason = iota
-	reasonExpired
-	reasonCancelled
+	reasonReleased  removeReason = iota
+	reasonExpired                // its countdown ran out
+	reasonCancelled              // its waiter gave up as the grant raced in
+	reasonForced                 // an operator force-released it
+	reasonUnclaimed              // handed over, but not claimed within the claim window
 )
+
+// String returns the reason as the API spells it.
+func (r removeReason) String() string {
+	switch r {
+	case reasonReleased:
+		return "RELEASED"
+	case reasonExpired:
+		return "EXPIRED"
+	case reasonCancelled:
+		return "CANCELLED"
+	case reasonForced:
+		return "FORCE_RELEASED"
+	case reasonUnclaimed:
+		return "UNCLAIMED"
+	}
+	return "UNKNOWN"
+}
 
 // event is a change of the lock table, told to the observer after the entry
 // is applied. Events do not feed back into the state.
@@ -188,8 +353,11 @@ type event struct {
 	key     string
 	owner   string
 	session string
+	holder  string
 	fence   uint64
 	ttl     time.Duration
+	version uint64
+	handoff bool // evGranted: granted to a queued waiter (it must claim the grant)
 	reason  removeReason
 }
 
@@ -198,8 +366,9 @@ type event struct {
 type observer interface {
 	lockEvents(evs []event)
 	// lockReset replaces everything the observer knows: the table was
-	// restored from a snapshot.
-	lockReset(holders []event)
+	// restored from a snapshot. state holds one evGranted per held key and
+	// one evDelayed per key in a lock-delay.
+	lockReset(state []event)
 }
 
 // fsm is the lock table, the replicated state machine. Apply reads no clock,
@@ -209,16 +378,21 @@ type fsm struct {
 
 	mu      sync.RWMutex
 	locks   map[string]*lockEntry
-	strs    interner // holder and session strings, shared by the grants that use them
-	waiting int      // total queue entries
-	applied uint64   // index of the last entry applied
+	keys    *btree.BTreeG[string] // the keys of locks, ordered, for paged lists
+	strs    interner              // holder and session strings, shared by the grants that use them
+	waiting int                   // total queue entries
+	applied uint64                // index of the last entry applied
 
 	appliedMu   sync.Mutex
 	appliedWake chan struct{} // closed and replaced after each batch
 }
 
+func newKeyIndex() *btree.BTreeG[string] {
+	return btree.NewG(32, func(a, b string) bool { return a < b })
+}
+
 func newFSM(obs observer) *fsm {
-	return &fsm{obs: obs, locks: make(map[string]*lockEntry), strs: newInterner(), appliedWake: make(chan struct{})}
+	return &fsm{obs: obs, locks: make(map[string]*lockEntry), keys: newKeyIndex(), strs: newInterner(), appliedWake: make(chan struct{})}
 }
 
 // interner shares equal strings (holder texts and sessions repeat across a
@@ -317,19 +491,41 @@ func (f *fsm) apply(idx uint64, c *command, evs []event) (applyResult, []event) 
 		return f.acquire(idx, c, evs)
 	case opRelease:
 		e := f.locks[c.key]
-		if e == nil || e.grant.owner != c.owner {
+		if e == nil || !e.held || e.grant.owner != c.owner {
 			return applyResult{code: resLost}, evs
 		}
 		var next uint64
-		next, evs = f.handoff(idx, c.key, e, reasonReleased, evs)
+		next, evs = f.endGrant(idx, c.key, e, reasonReleased, evs)
 		return applyResult{code: resOK, fence: next}, evs
-	case opExpire:
-		for _, p := range c.pairs {
-			if e := f.locks[p.key]; e != nil && e.grant.owner == p.owner {
-				_, evs = f.handoff(idx, p.key, e, reasonExpired, evs)
+	case opExpire, opUnclaimed:
+		why := reasonExpired
+		if c.op == opUnclaimed {
+			why = reasonUnclaimed
+		}
+		for _, x := range c.expiries {
+			if e := f.locks[x.key]; e != nil && e.held && e.grant.owner == x.owner && (x.version == 0 || x.version == e.grant.version) {
+				_, evs = f.endGrant(idx, x.key, e, why, evs)
 			}
 		}
 		return applyResult{code: resOK}, evs
+	case opForceRelease:
+		e := f.locks[c.key]
+		if e == nil || !e.held {
+			return applyResult{code: resLost}, evs
+		}
+		g := e.grant
+		var next uint64
+		next, evs = f.endGrant(idx, c.key, e, reasonForced, evs)
+		return applyResult{code: resOK, fence: next, removed: g}, evs
+	case opEndDelay:
+		e := f.locks[c.key]
+		if e == nil || e.held || e.delayVersion != c.version {
+			return applyResult{code: resOK}, evs
+		}
+		evs = append(evs, event{kind: evDelayEnded, key: c.key, version: c.version})
+		var next uint64
+		next, evs = f.grantNext(idx, c.key, e, evs)
+		return applyResult{code: resOK, fence: next}, evs
 	case opCancelWait:
 		return f.cancelWait(idx, c.key, c.owner, true, evs)
 	case opPurge:
@@ -339,14 +535,22 @@ func (f *fsm) apply(idx uint64, c *command, evs []event) (applyResult, []event) 
 		return applyResult{code: resOK}, evs
 	case opSetTTL:
 		e := f.locks[c.key]
-		if e == nil || e.grant.owner != c.owner {
+		if e == nil || !e.held || e.grant.owner != c.owner {
 			return applyResult{code: resLost}, evs
 		}
-		e.grant.ttl = c.ttl
-		evs = append(evs, event{kind: evTTL, key: c.key, owner: c.owner, session: e.grant.session, fence: e.grant.fence, ttl: c.ttl})
-		return applyResult{code: resOK}, evs
+		evs = f.restartGrant(idx, c.key, e, c.ttl, evs)
+		return applyResult{code: resOK, ttl: c.ttl}, evs
 	}
 	return applyResult{code: resBadCommand}, evs
+}
+
+// restartGrant sets the TTL of e's grant and makes idx its version: every
+// node restarts the countdown with ttl, and expiries proposed for an
+// earlier version become stale.
+func (f *fsm) restartGrant(idx uint64, key string, e *lockEntry, ttl time.Duration, evs []event) []event {
+	e.grant.ttl = ttl
+	e.grant.version = idx
+	return append(evs, event{kind: evTTL, key: key, owner: e.grant.owner, session: e.grant.session, fence: e.grant.fence, ttl: ttl, version: idx})
 }
 
 func (f *fsm) acquire(idx uint64, c *command, evs []event) (applyResult, []event) {
@@ -355,50 +559,81 @@ func (f *fsm) acquire(idx uint64, c *command, evs []event) (applyResult, []event
 		if uint64(len(f.locks)) >= c.maxLeases {
 			return applyResult{code: resTooManyLeases}, evs
 		}
-		e = &lockEntry{grant: grant{owner: c.owner, holder: f.strs.get(c.holder), session: f.strs.get(c.session), fence: idx, ttl: c.ttl}}
+		e = &lockEntry{}
 		f.locks[c.key] = e
-		evs = append(evs, event{kind: evGranted, key: c.key, owner: c.owner, session: e.grant.session, fence: idx, ttl: c.ttl})
-		return applyResult{code: resGranted, fence: idx}, evs
+		f.keys.ReplaceOrInsert(c.key)
+		evs = f.setGrant(idx, c.key, e, waiter{owner: c.owner, holder: f.strs.get(c.holder), session: f.strs.get(c.session), ttl: c.ttl, lockDelay: c.lockDelay}, false, evs)
+		return applyResult{code: resGranted, fence: idx, ttl: c.ttl}, evs
 	}
-	if e.grant.owner == c.owner { // a retried request: the grant stands
-		return applyResult{code: resGranted, fence: e.grant.fence}, evs
+	if e.held && e.grant.owner == c.owner {
+		// A retried request of the holder (its answer was lost): the grant
+		// stands, and the retry renews it through the log with the TTL it
+		// asks for, so that the answer is one the server honours.
+		evs = f.restartGrant(idx, c.key, e, c.ttl, evs)
+		return applyResult{code: resGranted, fence: e.grant.fence, ttl: c.ttl}, evs
 	}
-	for i, w := range e.waiters {
-		if w.owner == c.owner {
-			return applyResult{code: resQueued, position: i + 1}, evs
+	if n := e.q.find(c.owner); n != nil {
+		if !c.wait { // the owner waits already; a try of the same owner is refused
+			return applyResult{code: resHeld}, evs
 		}
+		return applyResult{code: resQueued, position: e.q.position(n)}, evs
 	}
 	if !c.wait {
+		if !e.held {
+			return applyResult{code: resDelayed}, evs
+		}
 		return applyResult{code: resHeld}, evs
 	}
-	if uint64(len(e.waiters)) >= c.maxWaiters {
+	if uint64(e.q.len()) >= c.maxWaiters {
 		return applyResult{code: resTooManyWaiters}, evs
 	}
-	e.waiters = append(e.waiters, waiter{owner: c.owner, holder: f.strs.get(c.holder), session: f.strs.get(c.session), ttl: c.ttl})
+	if c.maxTotalWaiters > 0 && uint64(f.waiting) >= c.maxTotalWaiters {
+		return applyResult{code: resTooManyQueued}, evs
+	}
+	e.q.push(waiter{owner: c.owner, holder: f.strs.get(c.holder), session: f.strs.get(c.session), ttl: c.ttl, lockDelay: c.lockDelay})
 	f.waiting++
-	return applyResult{code: resQueued, position: len(e.waiters)}, evs
+	return applyResult{code: resQueued, position: e.q.len()}, evs
 }
 
-// handoff ends the grant of e and grants the head waiter, if any, with fence
-// idx. It returns the new fence, or 0 when the key became free.
-func (f *fsm) handoff(idx uint64, key string, e *lockEntry, why removeReason, evs []event) (uint64, []event) {
+// setGrant makes w the holder of e with fence and version idx.
+func (f *fsm) setGrant(idx uint64, key string, e *lockEntry, w waiter, handoff bool, evs []event) []event {
+	e.held = true
+	e.delay, e.delayVersion = 0, 0
+	e.grant = grant{owner: w.owner, holder: w.holder, session: w.session, fence: idx, ttl: w.ttl, lockDelay: w.lockDelay, version: idx}
+	return append(evs, event{kind: evGranted, key: key, owner: w.owner, session: w.session, holder: w.holder, fence: idx, ttl: w.ttl, version: idx, handoff: handoff})
+}
+
+// endGrant ends the grant of e. After a loss without a release (expiry,
+// force release) with a lock-delay, the key enters its lock-delay;
+// otherwise the head waiter, if any, is granted with fence idx. It returns
+// the new fence, or 0 when nobody was granted.
+func (f *fsm) endGrant(idx uint64, key string, e *lockEntry, why removeReason, evs []event) (uint64, []event) {
 	g := e.grant
-	evs = append(evs, event{kind: evRemoved, key: key, owner: g.owner, session: g.session, fence: g.fence, ttl: g.ttl, reason: why})
+	evs = append(evs, event{kind: evRemoved, key: key, owner: g.owner, session: g.session, holder: g.holder, fence: g.fence, ttl: g.ttl, version: g.version, reason: why})
 	f.strs.put(g.holder)
 	f.strs.put(g.session)
-	if len(e.waiters) == 0 {
-		delete(f.locks, key)
+	e.held = false
+	e.grant = grant{}
+	if g.lockDelay > 0 && (why == reasonExpired || why == reasonForced) {
+		e.delay, e.delayVersion = g.lockDelay, idx
+		evs = append(evs, event{kind: evDelayed, key: key, ttl: g.lockDelay, version: idx})
 		return 0, evs
 	}
-	w := e.waiters[0]
-	e.waiters[0] = waiter{}
-	e.waiters = e.waiters[1:]
-	if len(e.waiters) == 0 {
-		e.waiters = nil
+	return f.grantNext(idx, key, e, evs)
+}
+
+// grantNext grants the head waiter of e, which is held by nobody, with fence
+// idx, or removes e when nobody waits. It returns the new fence or 0.
+func (f *fsm) grantNext(idx uint64, key string, e *lockEntry, evs []event) (uint64, []event) {
+	n := e.q.head
+	if n == nil {
+		delete(f.locks, key)
+		f.keys.Delete(key)
+		return 0, evs
 	}
+	e.q.remove(n)
 	f.waiting--
-	e.grant = grant{owner: w.owner, holder: w.holder, session: w.session, fence: idx, ttl: w.ttl}
-	evs = append(evs, event{kind: evGranted, key: key, owner: w.owner, session: w.session, fence: idx, ttl: w.ttl})
+	evs = f.setGrant(idx, key, e, n.waiter, true, evs)
 	return idx, evs
 }
 
@@ -409,21 +644,16 @@ func (f *fsm) cancelWait(idx uint64, key, owner string, releaseGrant bool, evs [
 	if e == nil {
 		return applyResult{code: resOK}, evs
 	}
-	for i, w := range e.waiters {
-		if w.owner == owner {
-			e.waiters = append(e.waiters[:i:i], e.waiters[i+1:]...)
-			if len(e.waiters) == 0 {
-				e.waiters = nil
-			}
-			f.waiting--
-			f.strs.put(w.holder)
-			f.strs.put(w.session)
-			evs = append(evs, event{kind: evDequeued, key: key, owner: owner, session: w.session})
-			return applyResult{code: resOK, dequeued: true}, evs
-		}
+	if n := e.q.find(owner); n != nil {
+		e.q.remove(n)
+		f.waiting--
+		f.strs.put(n.holder)
+		f.strs.put(n.session)
+		evs = append(evs, event{kind: evDequeued, key: key, owner: owner, session: n.session})
+		return applyResult{code: resOK, dequeued: true}, evs
 	}
-	if releaseGrant && e.grant.owner == owner {
-		_, evs = f.handoff(idx, key, e, reasonCancelled, evs)
+	if releaseGrant && e.held && e.grant.owner == owner {
+		_, evs = f.endGrant(idx, key, e, reasonCancelled, evs)
 		return applyResult{code: resOK, released: true}, evs
 	}
 	return applyResult{code: resOK}, evs
@@ -432,11 +662,14 @@ func (f *fsm) cancelWait(idx uint64, key, owner string, releaseGrant bool, evs [
 // holderView is a read-only copy of one key's state.
 type holderView struct {
 	key     string
-	grant   grant
+	held    bool  // false: in a lock-delay
+	grant   grant // when held
 	waiters int
+	queued  bool // peek: the asking owner is queued on the key
 }
 
-// get returns the state of key.
+// get returns the state of key: ok is false when the key is neither held
+// nor in a lock-delay.
 func (f *fsm) get(key string) (holderView, bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
@@ -444,29 +677,48 @@ func (f *fsm) get(key string) (holderView, bool) {
 	if e == nil {
 		return holderView{}, false
 	}
-	return holderView{key: key, grant: e.grant, waiters: len(e.waiters)}, true
+	return holderView{key: key, held: e.held, grant: e.grant, waiters: e.q.len()}, true
 }
 
-// list returns up to limit held keys starting with prefix, sorted.
-func (f *fsm) list(prefix string, limit int) []holderView {
+// peek returns the state of key as an acquisition by owner would find it.
+func (f *fsm) peek(key, owner string) (holderView, bool) {
 	f.mu.RLock()
-	out := make([]holderView, 0, min(limit, 64))
-	keys := make([]string, 0, 64)
-	for k := range f.locks {
-		if strings.HasPrefix(k, prefix) {
-			keys = append(keys, k)
+	defer f.mu.RUnlock()
+	e := f.locks[key]
+	if e == nil {
+		return holderView{}, false
+	}
+	return holderView{key: key, held: e.held, grant: e.grant, waiters: e.q.len(), queued: e.q.find(owner) != nil}, true
+}
+
+// list returns up to limit held keys that start with prefix and sort after
+// after (all of them when after is empty), in key order. It walks the
+// ordered index from the first candidate and copies only the page: its cost
+// is the page, not the table. more reports whether held keys follow.
+func (f *fsm) list(prefix, after string, limit int) (out []holderView, more bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	from := prefix
+	if after != "" && after >= from {
+		from = after + "\x00"
+	}
+	out = make([]holderView, 0, min(limit, 64))
+	f.keys.AscendGreaterOrEqual(from, func(k string) bool {
+		if !strings.HasPrefix(k, prefix) {
+			return false
 		}
-	}
-	sort.Strings(keys)
-	if len(keys) > limit {
-		keys = keys[:limit]
-	}
-	for _, k := range keys {
 		e := f.locks[k]
-		out = append(out, holderView{key: k, grant: e.grant, waiters: len(e.waiters)})
-	}
-	f.mu.RUnlock()
-	return out
+		if !e.held {
+			return true
+		}
+		if len(out) == limit {
+			more = true
+			return false
+		}
+		out = append(out, holderView{key: k, held: true, grant: e.grant, waiters: e.q.len()})
+		return true
+	})
+	return out, more
 }
 
 // queued returns every queue entry.
@@ -475,9 +727,7 @@ func (f *fsm) queued() []keyOwner {
 	defer f.mu.RUnlock()
 	var out []keyOwner
 	for k, e := range f.locks {
-		for _, w := range e.waiters {
-			out = append(out, keyOwner{key: k, owner: w.owner})
-		}
+		e.q.each(func(w *waiter) { out = append(out, keyOwner{key: k, owner: w.owner}) })
 	}
 	return out
 }
@@ -489,61 +739,134 @@ func (f *fsm) counts() (held, waiting int) {
 	return len(f.locks), f.waiting
 }
 
-// holders returns one evGranted event per held key, describing its grant.
-func (f *fsm) holders() []event {
+// state returns one evGranted event per held key and one evDelayed event
+// per key in a lock-delay: what a lease clock needs to start over.
+func (f *fsm) state() []event {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	return holdersLocked(f.locks)
+	return stateLocked(f.locks)
 }
 
-func holdersLocked(locks map[string]*lockEntry) []event {
+func stateLocked(locks map[string]*lockEntry) []event {
 	out := make([]event, 0, len(locks))
 	for k, e := range locks {
-		out = append(out, event{kind: evGranted, key: k, owner: e.grant.owner, session: e.grant.session, fence: e.grant.fence, ttl: e.grant.ttl})
+		if e.held {
+			g := &e.grant
+			out = append(out, event{kind: evGranted, key: k, owner: g.owner, session: g.session, holder: g.holder, fence: g.fence, ttl: g.ttl, version: g.version})
+		} else {
+			out = append(out, event{kind: evDelayed, key: k, ttl: e.delay, version: e.delayVersion})
+		}
 	}
 	return out
+}
+
+// check verifies the table's invariants and returns the first violation:
+// every entry is held or in a lock-delay; queue links, owner index and
+// counts agree; no owner is queued twice on a key or queued where it holds;
+// the key index matches the table. Tests and fuzzing call it.
+func (f *fsm) check() error {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	waiting := 0
+	for k, e := range f.locks {
+		if !e.held && e.delayVersion == 0 {
+			return fmt.Errorf("key %q: neither held nor in a lock-delay", k)
+		}
+		if e.held && (e.grant.fence == 0 || e.grant.version < e.grant.fence) {
+			return fmt.Errorf("key %q: grant fence %d version %d", k, e.grant.fence, e.grant.version)
+		}
+		n := 0
+		var prev *waitNode
+		for x := e.q.head; x != nil; x = x.next {
+			n++
+			if x.prev != prev {
+				return fmt.Errorf("key %q: broken queue link at %q", k, x.owner)
+			}
+			if e.q.byOwner[x.owner] != x {
+				return fmt.Errorf("key %q: owner index misses %q (queued twice?)", k, x.owner)
+			}
+			if e.held && x.owner == e.grant.owner {
+				return fmt.Errorf("key %q: holder %q also queued", k, x.owner)
+			}
+			prev = x
+		}
+		if prev != e.q.tail || n != len(e.q.byOwner) {
+			return fmt.Errorf("key %q: queue of %d entries, index of %d", k, n, len(e.q.byOwner))
+		}
+		waiting += n
+		if !f.keys.Has(k) {
+			return fmt.Errorf("key %q missing from the key index", k)
+		}
+	}
+	if waiting != f.waiting {
+		return fmt.Errorf("waiting count %d, queues hold %d", f.waiting, waiting)
+	}
+	if f.keys.Len() != len(f.locks) {
+		return fmt.Errorf("key index of %d keys, table of %d", f.keys.Len(), len(f.locks))
+	}
+	return nil
 }
 
 // Snapshot copies the table; Persist writes it without holding the lock.
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	s := &fsmSnapshot{entries: make([]snapEntry, 0, len(f.locks))}
+	s := &fsmSnapshot{applied: f.applied, entries: make([]snapEntry, 0, len(f.locks))}
 	for k, e := range f.locks {
-		s.entries = append(s.entries, snapEntry{key: k, grant: e.grant, waiters: append([]waiter(nil), e.waiters...)})
+		en := snapEntry{key: k, held: e.held, grant: e.grant, delay: e.delay, delayVersion: e.delayVersion}
+		e.q.each(func(w *waiter) { en.waiters = append(en.waiters, *w) })
+		s.entries = append(s.entries, en)
 	}
 	return s, nil
 }
 
-const snapshotMagic = "dlockd-snap-v1"
+// Snapshot formats: v1 (held keys and queues) is still read; v2 adds
+// grant versions, lock-delays and waiting lock-delays, and the applied index.
+const (
+	snapshotMagicV1 = "dlockd-snap-v1"
+	snapshotMagic   = "dlockd-snap-v2"
+)
 
 type snapEntry struct {
-	key     string
-	grant   grant
-	waiters []waiter
+	key          string
+	held         bool
+	grant        grant
+	delay        time.Duration
+	delayVersion uint64
+	waiters      []waiter
 }
 
-type fsmSnapshot struct{ entries []snapEntry }
+type fsmSnapshot struct {
+	applied uint64 // index of the last entry the table reflects
+	entries []snapEntry
+}
 
-// Persist writes the table: magic, count, then per key its grant and queue.
+// Persist writes the table: magic, count, then per key its state and queue.
 func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 	w := bufio.NewWriterSize(sink, 1<<16)
 	e := enc{b: make([]byte, 0, 4096)}
 	e.str(snapshotMagic)
+	e.u64(s.applied)
 	e.u64(uint64(len(s.entries)))
 	for _, en := range s.entries {
 		e.str(en.key)
+		e.boolean(en.held)
 		e.str(en.grant.owner)
 		e.str(en.grant.holder)
 		e.str(en.grant.session)
 		e.u64(en.grant.fence)
 		e.dur(en.grant.ttl)
+		e.dur(en.grant.lockDelay)
+		e.u64(en.grant.version)
+		e.dur(en.delay)
+		e.u64(en.delayVersion)
 		e.u64(uint64(len(en.waiters)))
 		for _, wt := range en.waiters {
 			e.str(wt.owner)
 			e.str(wt.holder)
 			e.str(wt.session)
 			e.dur(wt.ttl)
+			e.dur(wt.lockDelay)
 		}
 		if len(e.b) > 1<<15 {
 			if _, err := w.Write(e.b); err != nil {
@@ -567,56 +890,96 @@ func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 // Release does nothing: the snapshot holds only copies.
 func (s *fsmSnapshot) Release() {}
 
-// Restore replaces the table with a snapshot's.
+// Restore replaces the table with a snapshot's, and the applied index with
+// the snapshot's.
 func (f *fsm) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
 	data, err := io.ReadAll(rc)
 	if err != nil {
 		return err
 	}
-	locks, strs, waiting, err := decodeSnapshot(data)
+	locks, strs, waiting, applied, err := decodeSnapshot(data)
 	if err != nil {
 		return err
 	}
+	keys := newKeyIndex()
+	for k := range locks {
+		keys.ReplaceOrInsert(k)
+	}
 	f.mu.Lock()
 	f.locks = locks
+	f.keys = keys
 	f.strs = strs
 	f.waiting = waiting
-	hs := holdersLocked(locks)
+	if applied > f.applied {
+		f.applied = applied
+	}
+	st := stateLocked(locks)
 	f.mu.Unlock()
 	if f.obs != nil {
-		f.obs.lockReset(hs)
+		f.obs.lockReset(st)
 	}
 	return nil
 }
 
-func decodeSnapshot(data []byte) (map[string]*lockEntry, interner, int, error) {
+func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, waiting int, applied uint64, err error) {
 	d := dec{b: data}
-	strs := newInterner()
-	if d.str() != snapshotMagic || d.err != nil {
-		return nil, strs, 0, errCorrupt
+	strs = newInterner()
+	magic := d.str()
+	if d.err != nil || (magic != snapshotMagic && magic != snapshotMagicV1) {
+		return nil, strs, 0, 0, errCorrupt
+	}
+	v2 := magic == snapshotMagic
+	if v2 {
+		applied = d.u64()
 	}
 	n := d.u64()
 	if n > uint64(len(d.b)) {
-		return nil, strs, 0, errCorrupt
+		return nil, strs, 0, 0, errCorrupt
 	}
-	locks := make(map[string]*lockEntry, n)
-	waiting := 0
+	locks = make(map[string]*lockEntry, n)
 	for i := uint64(0); i < n && d.err == nil; i++ {
 		key := d.str()
-		e := &lockEntry{grant: grant{owner: d.str(), holder: strs.get(d.str()), session: strs.get(d.str()), fence: d.u64(), ttl: d.dur()}}
+		e := &lockEntry{held: true}
+		if v2 {
+			e.held = d.boolean()
+		}
+		e.grant = grant{owner: d.str(), holder: strs.get(d.str()), session: strs.get(d.str()), fence: d.u64(), ttl: d.dur()}
+		if v2 {
+			e.grant.lockDelay = d.dur()
+			e.grant.version = d.u64()
+			e.delay = d.dur()
+			e.delayVersion = d.u64()
+		} else {
+			e.grant.version = e.grant.fence
+		}
+		if !e.held && e.delayVersion == 0 {
+			return nil, strs, 0, 0, errCorrupt
+		}
+		if !e.held {
+			strs.put(e.grant.holder)
+			strs.put(e.grant.session)
+			e.grant = grant{}
+		}
 		nw := d.u64()
 		if nw > uint64(len(d.b)) {
-			return nil, strs, 0, errCorrupt
+			return nil, strs, 0, 0, errCorrupt
 		}
 		for j := uint64(0); j < nw && d.err == nil; j++ {
-			e.waiters = append(e.waiters, waiter{owner: d.str(), holder: strs.get(d.str()), session: strs.get(d.str()), ttl: d.dur()})
+			w := waiter{owner: d.str(), holder: strs.get(d.str()), session: strs.get(d.str()), ttl: d.dur()}
+			if v2 {
+				w.lockDelay = d.dur()
+			}
+			if e.q.find(w.owner) != nil {
+				return nil, strs, 0, 0, errCorrupt
+			}
+			e.q.push(w)
 		}
-		waiting += len(e.waiters)
+		waiting += e.q.len()
 		locks[key] = e
 	}
 	if d.err != nil {
-		return nil, strs, 0, d.err
+		return nil, strs, 0, 0, d.err
 	}
-	return locks, strs, waiting, nil
+	return locks, strs, waiting, applied, nil
 }

@@ -116,12 +116,12 @@ func TestFSM_ExpireActsOnlyOnCurrentOwner(t *testing.T) {
 	h.apply(command{op: opRelease, key: "k", owner: "a"})
 	h.apply(acq("k", "b", false))
 	bFence := h.idx
-	h.apply(command{op: opExpire, pairs: []keyOwner{{"k", "a"}, {"missing", "x"}}})
+	h.apply(command{op: opExpire, expiries: []expiry{{"k", "a", 0}, {"missing", "x", 0}}})
 	if v, ok := h.f.get("k"); !ok || v.grant.owner != "b" || v.grant.fence != bFence {
 		t.Fatalf("a stale expire touched b's grant: %+v %v", v, ok)
 	}
 	h.apply(acq("k", "c", true))
-	h.apply(command{op: opExpire, pairs: []keyOwner{{"k", "b"}}})
+	h.apply(command{op: opExpire, expiries: []expiry{{"k", "b", bFence}}})
 	v, ok := h.f.get("k")
 	if !ok || v.grant.owner != "c" || v.grant.fence != h.idx {
 		t.Fatalf("expire did not hand off to c in the same entry: %+v", v)
@@ -197,7 +197,10 @@ func dump(f *fsm) string {
 	sort.Strings(keys)
 	var b bytes.Buffer
 	for _, k := range keys {
-		fmt.Fprintf(&b, "%q %+v %+v\n", k, f.locks[k].grant, f.locks[k].waiters)
+		e := f.locks[k]
+		fmt.Fprintf(&b, "%q held=%v %+v delay=%v/%d", k, e.held, e.grant, e.delay, e.delayVersion)
+		e.q.each(func(w *waiter) { fmt.Fprintf(&b, " %+v", *w) })
+		b.WriteString("\n")
 	}
 	fmt.Fprintf(&b, "waiting=%d\n", f.waiting)
 	return b.String()
@@ -221,7 +224,7 @@ func TestFSM_SnapshotRestoreAndDeterminism(t *testing.T) {
 			h.apply(command{op: opRelease, key: k, owner: fmt.Sprint("o", i-5)})
 		}
 		if i%11 == 0 {
-			h.apply(command{op: opExpire, pairs: []keyOwner{{k, fmt.Sprint("o", i-7)}}})
+			h.apply(command{op: opExpire, expiries: []expiry{{k, fmt.Sprint("o", i-7), 0}}})
 		}
 	}
 	// Replaying the same log on another FSM gives the same table.
@@ -260,7 +263,10 @@ func TestFSM_SnapshotRestoreAndDeterminism(t *testing.T) {
 
 func FuzzDecodeCommand(f *testing.F) {
 	f.Add((&command{op: opAcquire, key: "k", owner: "o", ttl: time.Second, wait: true}).encode())
-	f.Add((&command{op: opExpire, pairs: []keyOwner{{"a", "b"}}}).encode())
+	f.Add((&command{op: opExpire, expiries: []expiry{{"a", "b", 7}}}).encode())
+	f.Add((&command{op: opPurge, pairs: []keyOwner{{"a", "b"}}}).encode())
+	f.Add((&command{op: opEndDelay, key: "k", version: 9}).encode())
+	f.Add((&command{op: opForceRelease, key: "k"}).encode())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, err := decodeCommand(b)
 		if err != nil {
@@ -275,8 +281,8 @@ func FuzzDecodeCommand(f *testing.F) {
 
 func TestLeaseClock_RenewAndExpire(t *testing.T) {
 	now := time.Unix(1000, 0)
-	c := newLeaseClock(func() time.Time { return now })
-	c.apply([]event{{kind: evGranted, key: "k", owner: "a", fence: 5, ttl: time.Second}})
+	c := newLeaseClock(func() time.Time { return now }, 0)
+	c.apply([]event{{kind: evGranted, key: "k", owner: "a", fence: 5, version: 5, ttl: time.Second}})
 	if got := c.renew("k", "b", 0, now); got != renewLost {
 		t.Fatalf("renew by a stranger = %v", got)
 	}
@@ -291,7 +297,7 @@ func TestLeaseClock_RenewAndExpire(t *testing.T) {
 		t.Fatalf("expired early: %v next %v", pairs, next)
 	}
 	pairs, _ := c.takeExpired(now.Add(time.Second), 10)
-	if len(pairs) != 1 || pairs[0] != (keyOwner{"k", "a"}) {
+	if len(pairs) != 1 || pairs[0] != (fired{kind: fireExpire, x: expiry{"k", "a", 5}}) {
 		t.Fatalf("takeExpired = %v", pairs)
 	}
 	if got := c.renew("k", "a", 0, now.Add(time.Second)); got != renewLost {

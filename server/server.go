@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -46,6 +45,7 @@ type Server struct {
 	waits    waitRegistry
 	sessions sessionHub
 	metrics  *metrics
+	lockMetrics *lockMetrics
 	calls    *callPool // runs Session calls
 
 	raft      *raft.Raft
@@ -84,7 +84,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg:      cfg,
 		log:      log,
-		clock:    newLeaseClock(time.Now),
+		clock:    newLeaseClock(time.Now, cfg.ClaimWindow),
 		closing:  make(chan struct{}),
 		stopCh:   make(chan struct{}),
 		stopDone: make(chan struct{}),
@@ -93,6 +93,7 @@ func New(cfg Config) (*Server, error) {
 	s.sessions.subs = make(map[string]map[*subscriber]struct{})
 	s.fsm = newFSM(s)
 	s.metrics = newMetrics(s)
+	s.lockMetrics = newLockMetrics(s.metrics.reg)
 	return s, nil
 }
 
@@ -127,6 +128,7 @@ func (s *Server) Start() (err error) {
 	if err != nil {
 		return fmt.Errorf("dlockd: open raft log in %s (is another dlockd using it?): %w", s.cfg.DataDir, err)
 	}
+	s.removeSnapshotTemps() // under raft.db's file lock: no other dlockd is writing one
 	// The log is hashicorp/raft-wal in DataDir/wal: segment files written
 	// with one write and one fsync per batch, no B-tree and no msgpack. The
 	// bbolt file keeps the stable store (term, vote). A data directory
@@ -232,17 +234,21 @@ func (s *Server) boltHasLogs() bool {
 	return err != nil || last > 0
 }
 
+// raftLogger returns the logger of Raft, raft-wal and the Raft transport.
+// Their lines go to Config.Logger's handler, so that one format and one
+// level apply to everything; Config.RaftLogLevel, when set, overrides the
+// level for Raft's lines alone. Config.RaftLogOutput, when set, receives
+// Raft's lines as slog text instead.
 func (s *Server) raftLogger() hclog.Logger {
-	out := s.cfg.RaftLogOutput
-	if out == nil {
-		out = os.Stderr
-	}
-	level := hclog.LevelFromString(s.cfg.RaftLogLevel)
 	if s.cfg.RaftLogLevel == "off" {
-		level = hclog.Off
-		out = io.Discard
+		return hclog.NewNullLogger()
 	}
-	return hclog.New(&hclog.LoggerOptions{Name: "raft", Level: level, Output: out})
+	h := s.log.Handler()
+	if out := s.cfg.RaftLogOutput; out != nil {
+		level := hclogToSlog(newHclogSlog(h, "raft", s.cfg.RaftLogLevel).GetLevel())
+		h = slog.NewTextHandler(out, &slog.HandlerOptions{Level: level})
+	}
+	return newHclogSlog(h, "raft", s.cfg.RaftLogLevel)
 }
 
 // Addr returns the address the API listens on (useful with port 0), or ""
@@ -358,10 +364,14 @@ func (s *Server) teardown() {
 }
 
 // leadershipLoop follows Raft's leadership and becomes ready after each
-// election won.
+// election won. Taking up leadership is retried, with backoff, for as long
+// as this node stays the leader: a failed attempt (a barrier that timed out,
+// a purge that could not commit) must not leave a leader unready for good.
 func (s *Server) leadershipLoop() {
 	defer s.loops.Done()
 	ch := s.raft.LeaderCh()
+	var retry <-chan time.Time
+	backoff := 50 * time.Millisecond
 	for {
 		select {
 		case <-s.stopCh:
@@ -369,19 +379,38 @@ func (s *Server) leadershipLoop() {
 		case leader := <-ch:
 			if !leader {
 				s.ready.Store(false)
+				retry = nil
+				s.log.Info("dlockd: no longer the leader", "node", s.cfg.NodeID)
 				continue
 			}
-			if err := s.becomeLeader(); err != nil {
-				s.log.Warn("dlockd: leadership not taken up", "err", err)
+			backoff = 50 * time.Millisecond
+		case <-retry:
+			retry = nil
+			if s.raft.State() != raft.Leader {
+				continue
 			}
+		}
+		if err := s.becomeLeader(); err != nil {
+			s.log.Warn("dlockd: leadership not taken up, retrying", "err", err, "in", backoff)
+			retry = time.After(backoff)
+			backoff = min(2*backoff, 2*time.Second)
 		}
 	}
 }
+
+// becomeLeaderHook, when set (tests only), runs first in becomeLeader and
+// can make it fail.
+var becomeLeaderHook func() error
 
 // becomeLeader catches up the FSM, restarts every lease countdown at its
 // full TTL (late, never early), removes the queue entries of clients that
 // are not connected to this node, and opens for writes.
 func (s *Server) becomeLeader() error {
+	if h := becomeLeaderHook; h != nil {
+		if err := h(); err != nil {
+			return err
+		}
+	}
 	if err := s.raft.Barrier(s.cfg.ApplyTimeout).Error(); err != nil {
 		return err
 	}
@@ -405,8 +434,10 @@ func (s *Server) becomeLeader() error {
 	return nil
 }
 
-// expireLoop proposes an expire entry for every countdown that runs out,
-// while this node is ready. The FSM acts only where the owner still holds.
+// expireLoop proposes, while this node is ready, an entry for every
+// countdown that runs out: an expiry (opExpire), the release of an unclaimed
+// handover (opUnclaimed), or the end of a lock-delay (opEndDelay). Each
+// carries the version its countdown ran for; the FSM ignores a stale one.
 func (s *Server) expireLoop() {
 	defer s.loops.Done()
 	timer := time.NewTimer(time.Hour)
@@ -414,11 +445,9 @@ func (s *Server) expireLoop() {
 	for {
 		wait := time.Hour
 		if s.ready.Load() {
-			pairs, next := s.clock.takeExpired(time.Now(), 1024)
-			if len(pairs) > 0 {
-				if _, err := s.propose(&command{op: opExpire, pairs: pairs}); err != nil {
-					s.clock.retry(pairs, 100*time.Millisecond)
-				}
+			fs, next := s.clock.takeExpired(time.Now(), 1024)
+			if len(fs) > 0 {
+				s.proposeFired(fs)
 				continue
 			}
 			if !next.IsZero() {
@@ -441,6 +470,42 @@ func (s *Server) expireLoop() {
 	}
 }
 
+// proposeFired proposes the entries for countdowns that ran out, and puts
+// back those whose entry failed, to be tried again.
+func (s *Server) proposeFired(fs []fired) {
+	var expired, unclaimed []expiry
+	var failed []fired
+	for _, f := range fs {
+		switch f.kind {
+		case fireExpire:
+			expired = append(expired, f.x)
+		case fireUnclaimed:
+			unclaimed = append(unclaimed, f.x)
+		case fireEndDelay:
+			if _, err := s.propose(&command{op: opEndDelay, key: f.x.key, version: f.x.version}); err != nil {
+				failed = append(failed, f)
+			}
+		}
+	}
+	if len(expired) > 0 {
+		if _, err := s.propose(&command{op: opExpire, expiries: expired}); err != nil {
+			for _, x := range expired {
+				failed = append(failed, fired{kind: fireExpire, x: x})
+			}
+		}
+	}
+	if len(unclaimed) > 0 {
+		if _, err := s.propose(&command{op: opUnclaimed, expiries: unclaimed}); err != nil {
+			for _, x := range unclaimed {
+				failed = append(failed, fired{kind: fireUnclaimed, x: x})
+			}
+		}
+	}
+	if len(failed) > 0 {
+		s.clock.retry(failed, 100*time.Millisecond)
+	}
+}
+
 // lockEvents is the FSM observer: it moves countdowns, wakes waiters and
 // pushes loss to sessions.
 func (s *Server) lockEvents(evs []event) {
@@ -451,18 +516,24 @@ func (s *Server) lockEvents(evs []event) {
 		case evGranted:
 			s.waits.notify(keyOwner{ev.key, ev.owner}, ev.fence)
 		case evRemoved:
-			if ev.reason == reasonExpired {
+			switch ev.reason {
+			case reasonExpired:
 				s.metrics.expired.Inc()
-				if ev.session != "" {
-					s.sessions.lost(ev)
-				}
+			case reasonUnclaimed:
+				s.lockMetrics.unclaimed.Inc()
 			}
+			if ev.reason != reasonReleased && ev.reason != reasonCancelled && ev.session != "" {
+				s.sessions.lost(ev)
+			}
+		case evDelayed:
+			s.lockMetrics.lockDelays.Inc()
 		}
 	}
+	s.logEvents(evs)
 }
 
 // lockReset is the FSM observer of a restore.
-func (s *Server) lockReset(holders []event) { s.clock.reset(holders) }
+func (s *Server) lockReset(state []event) { s.clock.reset(state) }
 
 // newToken returns 128 random bits, hex-encoded.
 func newToken() string {
