@@ -310,12 +310,12 @@ type lockEntry struct {
 type eventKind int
 
 const (
-	evGranted   eventKind = iota // key granted to owner (fence, ttl, version, session, handoff set)
-	evRemoved                    // owner's grant on key ended (reason set)
-	evDequeued                   // owner's queue entry on key removed
-	evTTL                        // owner's grant's countdown restarts with ttl (version set)
-	evDelayed                    // key entered a lock-delay (ttl = the delay, version set)
-	evDelayEnded                 // key's lock-delay ended (a grant or nothing follows)
+	evGranted    eventKind = iota // key granted to owner (fence, ttl, version, session, handoff set)
+	evRemoved                     // owner's grant on key ended (reason set)
+	evDequeued                    // owner's queue entry on key removed
+	evTTL                         // owner's grant's countdown restarts with ttl (version set)
+	evDelayed                     // key entered a lock-delay (ttl = the delay, version set)
+	evDelayEnded                  // key's lock-delay ended (a grant or nothing follows)
 )
 
 // removeReason says why a grant ended.

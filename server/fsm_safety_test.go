@@ -443,4 +443,3 @@ func TestLeaseClock_LockDelay(t *testing.T) {
 		t.Fatal("delay countdown kept after its end")
 	}
 }
-

@@ -40,13 +40,13 @@ type Server struct {
 	cfg Config
 	log *slog.Logger
 
-	fsm      *fsm
-	clock    *leaseClock
-	waits    waitRegistry
-	sessions sessionHub
-	metrics  *metrics
+	fsm         *fsm
+	clock       *leaseClock
+	waits       waitRegistry
+	sessions    sessionHub
+	metrics     *metrics
 	lockMetrics *lockMetrics
-	calls    *callPool // runs Session calls
+	calls       *callPool // runs Session calls
 
 	raft      *raft.Raft
 	transport *raft.NetworkTransport
