@@ -75,9 +75,10 @@ import (
 )
 
 // The sentinel errors. Every error of an acquisition, renewal, release or
-// inspection matches one of them (or the context's error) with errors.Is, and carries the operation, key and store in its
-// message. They are the same values as the driver package's, so errors.Is
-// works at every layer.
+// inspection matches one of them (or the context's error) with errors.Is,
+// and carries the operation, key and store in its message. They are the
+// same values as the driver package's (ErrUnsupported is the standard
+// library's errors.ErrUnsupported), so errors.Is works at every layer.
 var (
 	// ErrNotAcquired: TryAcquire found the key held by another owner.
 	ErrNotAcquired = driver.ErrNotAcquired
@@ -103,6 +104,11 @@ var (
 	// ErrReleased: the lease was released by its holder; the cause of its
 	// context after Release.
 	ErrReleased = driver.ErrReleased
+	// ErrUnsupported: the store cannot do the operation at all (Inspect or
+	// List on a store without an inspector, ForceRelease on a store without
+	// an override); retrying cannot help. It is errors.ErrUnsupported itself,
+	// so errors.Is matches either name.
+	ErrUnsupported = errors.ErrUnsupported
 )
 
 // Limits of keys and TTLs, the same for every store.
@@ -235,15 +241,15 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context
 }
 
 // Inspect returns the current grant of key. It returns an error wrapping
-// ErrNotAcquired when the key is free, and errors.ErrUnsupported when the
-// store cannot inspect.
+// ErrNotAcquired when the key is free, and ErrUnsupported when the store
+// cannot inspect.
 func (l *Locker) Inspect(ctx context.Context, key string) (HolderInfo, error) {
 	if err := ValidateKey(key); err != nil {
 		return HolderInfo{}, l.wrap("inspect", key, err)
 	}
 	in, ok := l.drv.(driver.Inspector)
 	if !ok {
-		return HolderInfo{}, l.wrap("inspect", key, errors.ErrUnsupported)
+		return HolderInfo{}, l.wrap("inspect", key, ErrUnsupported)
 	}
 	octx, cancel := l.opContext(ctx, l.opts)
 	defer cancel()
@@ -255,11 +261,11 @@ func (l *Locker) Inspect(ctx context.Context, key string) (HolderInfo, error) {
 }
 
 // List returns the held keys that start with prefix, sorted by key, or
-// errors.ErrUnsupported when the store cannot list.
+// ErrUnsupported when the store cannot list.
 func (l *Locker) List(ctx context.Context, prefix string) ([]HolderInfo, error) {
 	in, ok := l.drv.(driver.Inspector)
 	if !ok {
-		return nil, l.wrap("list", prefix, errors.ErrUnsupported)
+		return nil, l.wrap("list", prefix, ErrUnsupported)
 	}
 	octx, cancel := l.opContext(ctx, l.opts)
 	defer cancel()
@@ -270,9 +276,11 @@ func (l *Locker) List(ctx context.Context, prefix string) ([]HolderInfo, error) 
 // ForceRelease removes key's current grant whoever holds it — an operator's
 // override for a holder known to be dead — and returns what it removed. The
 // next grant still gets a greater fence, so a holder that was in fact alive
-// is fenced out at the resource. reason is required and is logged with the
-// removed grant through log/slog. Errors: ErrNotAcquired when key is free,
-// errors.ErrUnsupported when the store has no override, ErrUnavailable.
+// is fenced out at the resource. reason is required: it is passed to the
+// store (dlockd logs it too) and logged with the removed grant through
+// log/slog. Errors: ErrInvalidKey; a plain error when reason is blank;
+// ErrNotAcquired when key is free; ErrUnsupported when the store has no
+// override (see each driver's docs); ErrUnavailable.
 func (l *Locker) ForceRelease(ctx context.Context, key, reason string) (HolderInfo, error) {
 	if err := ValidateKey(key); err != nil {
 		return HolderInfo{}, l.wrap("force-release", key, err)
@@ -282,11 +290,11 @@ func (l *Locker) ForceRelease(ctx context.Context, key, reason string) (HolderIn
 	}
 	fr, ok := l.drv.(driver.ForceReleaser)
 	if !ok {
-		return HolderInfo{}, l.wrap("force-release", key, errors.ErrUnsupported)
+		return HolderInfo{}, l.wrap("force-release", key, fmt.Errorf("%w: the store has no force release", ErrUnsupported))
 	}
 	octx, cancel := l.opContext(ctx, l.opts)
 	defer cancel()
-	info, err := fr.ForceRelease(octx, key)
+	info, err := fr.ForceRelease(octx, key, reason)
 	if err != nil {
 		return HolderInfo{}, l.classify("force-release", key, ctx, err)
 	}
@@ -403,7 +411,7 @@ func (l *Locker) classify(op, key string, ctx context.Context, err error) error 
 		return nil
 	case errors.Is(err, ErrNotAcquired), errors.Is(err, ErrLeaseLost),
 		errors.Is(err, ErrInvalidKey), errors.Is(err, ErrInvalidTTL),
-		errors.Is(err, ErrStaleFence), errors.Is(err, errors.ErrUnsupported):
+		errors.Is(err, ErrStaleFence), errors.Is(err, ErrUnsupported):
 		return l.wrap(op, key, err)
 	case ctxEnded(ctx) != nil:
 		cerr := ctxEnded(ctx)

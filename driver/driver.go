@@ -179,6 +179,8 @@ type Hinter interface {
 // greater fence, so a holder that was in fact alive is fenced out.
 type ForceReleaser interface {
 	// ForceRelease removes key's current grant whoever holds it and returns
-	// what it removed, or ErrNotAcquired wrapped when key was free.
-	ForceRelease(ctx context.Context, key string) (HolderInfo, error)
+	// what it removed, or ErrNotAcquired wrapped when key was free. reason
+	// (not blank; the root package checks) says why, for the store's own
+	// log where it keeps one; a store without one may ignore it.
+	ForceRelease(ctx context.Context, key, reason string) (HolderInfo, error)
 }

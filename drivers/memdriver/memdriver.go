@@ -249,8 +249,9 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, er
 }
 
 // ForceRelease removes key's grant whoever holds it and hands the key to the
-// head waiter; driver.ErrNotAcquired wrapped when key is free.
-func (d *Driver) ForceRelease(ctx context.Context, key string) (driver.HolderInfo, error) {
+// head waiter; driver.ErrNotAcquired wrapped when key is free. reason is not
+// kept: the in-process store has no audit log (the root package logs it).
+func (d *Driver) ForceRelease(ctx context.Context, key, reason string) (driver.HolderInfo, error) {
 	if err := d.lock(ctx); err != nil {
 		return driver.HolderInfo{}, err
 	}

@@ -31,8 +31,9 @@ return 0
 // between is never removed. The fence counter is untouched, so the next
 // grant's fence is still greater. It returns an error matching
 // driver.ErrNotAcquired when key is free or its grant changed meanwhile, or
-// the store's error wrapped.
-func (d *Driver) ForceRelease(ctx context.Context, key string) (driver.HolderInfo, error) {
+// the store's error wrapped. reason is not stored: Redis keeps no audit log
+// (the root package logs it with the removed grant).
+func (d *Driver) ForceRelease(ctx context.Context, key, reason string) (driver.HolderInfo, error) {
 	info, err := d.Inspect(ctx, key)
 	if err != nil {
 		return driver.HolderInfo{}, err

@@ -33,6 +33,7 @@ const (
 	ExitUnavailable = 69 // EX_UNAVAILABLE: the store could not be reached; the command was not run
 	ExitLost        = 70 // EX_SOFTWARE: the lease was lost while the command ran; it was terminated
 	ExitHeld        = 75 // EX_TEMPFAIL: the key is held (or --wait-timeout passed); the command was not run
+	ExitUnsupported = 78 // EX_CONFIG: the configured store cannot do this at all (status or list without an inspector, release --force without an override); retrying cannot help
 	ExitNotFound    = 127
 	ExitCannotRun   = 126
 )

@@ -46,7 +46,10 @@ func newStatusCmd(g *globals) *cobra.Command {
 		Short: "Show who holds KEY: holder, fence, time left, waiters",
 		Long: `Status shows the current grant of KEY: the holder description, the fence,
 the time left before the store expires it, and the queued waiters where the
-store keeps a queue ("-" where it does not). A free key prints "free".`,
+store keeps a queue ("-" where it does not). A free key prints "free".
+
+Exit status: 0 (held or free), 69 when the store could not be reached, 78
+when the store cannot inspect (Redlock).`,
 		Example: `  dlock status payout:2026-09
   dlock status -o json settle:{m00042}:2026-09-30`,
 		Args: cobra.ExactArgs(1),
@@ -83,6 +86,11 @@ func newListCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "list [PREFIX]",
 		Short: "List held keys, optionally those starting with PREFIX",
+		Long: `List shows the held keys that start with PREFIX (all held keys without
+one), sorted by key, with their fence, time left, waiters and holder.
+
+Exit status: 0, 69 when the store could not be reached, 78 when the store
+cannot list (Redlock).`,
 		Example: `  dlock list
   dlock list settle: -o json`,
 		Args: cobra.MaximumNArgs(1),
@@ -127,8 +135,17 @@ func newReleaseCmd(g *globals) *cobra.Command {
 		Long: `Release --force removes KEY's current grant whoever holds it, for a holder
 known to be dead whose TTL is too long to wait out. The next grant still
 gets a greater fence, so a holder that was in fact alive is fenced out at the
-resource. The reason is required and logged with the removed grant. Stores
-without an override (see each driver's docs) answer "unsupported".`,
+resource. The reason is required; it is logged with the removed grant (and
+by dlockd too). On dlockd the holder hears of the loss at once (its dlock
+run exits 70) and the next waiter is granted.
+
+Exit status:
+  0    the grant was removed
+  1    KEY is not held
+  64   bad flags or arguments (--force or --reason missing)
+  69   the store could not be reached
+  78   the store has no force release: only dlockd, Redis and mem have one
+       (etcd, ZooKeeper, PostgreSQL and Redlock do not); wait out the TTL`,
 		Example: `  dlock release --force payout:2026-09 --reason "pod payout-7 evicted, node lost"`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -207,13 +224,14 @@ has seen (package dlock/fence) should do that instead.`,
 	return fence
 }
 
-// storeErr maps a store error to an exit code: 69 when unreachable.
+// storeErr maps a store error to an exit code: 69 when unreachable, 78 when
+// the store cannot do the operation, 64 for an invalid key, 1 otherwise.
 func storeErr(err error) error {
 	switch {
 	case errors.Is(err, dlock.ErrUnavailable):
 		return exit(ExitUnavailable, "%w", err)
-	case errors.Is(err, errors.ErrUnsupported):
-		return exit(ExitUsage, "%w: this store cannot do that (see its driver's docs)", err)
+	case errors.Is(err, dlock.ErrUnsupported):
+		return exit(ExitUnsupported, "%w (see the driver's docs for what each store can do)", err)
 	case errors.Is(err, dlock.ErrInvalidKey):
 		return exit(ExitUsage, "%w", err)
 	}
