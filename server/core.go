@@ -212,7 +212,11 @@ func (s *Server) acquire(ctx context.Context, in acquireIn, cancel <-chan struct
 	if err := s.writable(); err != nil {
 		return acquireOut{}, err
 	}
-	if !in.wait {
+	if !in.wait && s.refusedLocally(in.key, in.owner) {
+		// The local table says no: confirm it linearizably (still the
+		// leader, everything committed applied), then refuse without a log
+		// entry. A key that looks free goes straight to the log, which
+		// decides; so a try of a free key costs no extra round.
 		if err := s.readBarrier(); err != nil {
 			return acquireOut{}, err
 		}
@@ -287,6 +291,14 @@ func (s *Server) acquire(ctx context.Context, in acquireIn, cancel <-chan struct
 		return acquireOut{}, errors.Join(why, err)
 	}
 	return acquireOut{}, why
+}
+
+// refusedLocally reports whether this node's table would refuse a try of
+// key by owner: held by another owner, in a lock-delay, or waited for by
+// owner already.
+func (s *Server) refusedLocally(key, owner string) bool {
+	v, ok := s.fsm.peek(key, owner)
+	return ok && (!v.held || v.grant.owner != owner)
 }
 
 // refusal is the answer to a try that found key held by another owner, in a
