@@ -4,33 +4,64 @@
 // With no flags it starts a single voter on 127.0.0.1:7450 with its data in
 // ./dlockd-data; clients reach it as dlockd://127.0.0.1:7450. SIGINT or
 // SIGTERM shut it down gracefully. See package server for the guarantees.
+//
+// Logs go to stderr in one format (--log-format text or json) at one level
+// (--log-level), Raft's included. dlockd --version prints the build (the
+// same line as dlock version); dlockd --help prints the flags. Exit status:
+// 0 after a clean shutdown (or --help, --version), 1 when the server fails
+// to start or to stop, 2 for bad flags or configuration.
 package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/pflag"
 
+	"github.com/dlock-dev/dlock/internal/buildinfo"
 	"github.com/dlock-dev/dlock/server"
 )
 
 func main() {
-	os.Exit(run(os.Args[1:]))
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-func run(args []string) int {
+// run is dlockd with args (without the program name); it returns the exit
+// status.
+func run(args []string, stdout, stderr io.Writer) int {
 	cfg := server.DefaultConfig()
 	fs := pflag.NewFlagSet("dlockd", pflag.ContinueOnError)
+	fs.SortFlags = false
 	cfg.RegisterFlags(fs)
 	gcPercent := fs.Int("gc-percent", 100, "Go GC target percentage when GOGC is not set (lower: less memory, more CPU)")
-	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	logLevel := fs.String("log-level", "info", "log level of dlockd and Raft: debug, info, warn, error")
+	logFormat := fs.String("log-format", "text", "log format: text or json (one object a line)")
+	version := fs.Bool("version", false, "print the version and exit")
+	fs.SetOutput(stdout)
+	fs.Usage = func() {
+		fmt.Fprintf(stdout, "Usage: dlockd [flags]\n\ndlockd is the dlock lock server. Flags:\n%s", fs.FlagUsages())
+	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) { // the usage is printed
+			return 0
+		}
+		fmt.Fprintf(stderr, "dlockd: %v (see dlockd --help)\n", err)
+		return 2
+	}
+	if *version {
+		fmt.Fprintln(stdout, buildinfo.Read())
+		return 0
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "dlockd: unexpected argument %q (see dlockd --help)\n", fs.Arg(0))
 		return 2
 	}
 	if os.Getenv("GOGC") == "" {
@@ -38,18 +69,29 @@ func run(args []string) int {
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
-		fmt.Fprintf(os.Stderr, "dlockd: -log-level: %v\n", err)
+		fmt.Fprintf(stderr, "dlockd: --log-level %q: want debug, info, warn or error\n", *logLevel)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	hopts := &slog.HandlerOptions{Level: lvl}
+	var h slog.Handler
+	switch *logFormat {
+	case "text":
+		h = slog.NewTextHandler(stderr, hopts)
+	case "json":
+		h = slog.NewJSONHandler(stderr, hopts)
+	default:
+		fmt.Fprintf(stderr, "dlockd: --log-format %q: want text or json\n", *logFormat)
+		return 2
+	}
+	log := slog.New(h)
 	cfg.Logger = log
-	if err := cfg.Validate(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
+	if err := cfg.Validate(); err != nil { // every problem, on one line
+		fmt.Fprintln(stderr, strings.ReplaceAll(err.Error(), "\n", "; "))
 		return 2
 	}
 	srv, err := server.New(cfg)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
+		fmt.Fprintln(stderr, strings.ReplaceAll(err.Error(), "\n", "; "))
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

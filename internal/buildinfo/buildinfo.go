@@ -29,12 +29,26 @@ type Info struct {
 	Platform string `json:"platform"`
 }
 
+// version and revision, when set by the linker, override what the Go
+// toolchain recorded, for release builds made without VCS stamping:
+//
+//	go build -ldflags "-X github.com/dlock-dev/dlock/internal/buildinfo.version=v1.2.0 \
+//	  -X github.com/dlock-dev/dlock/internal/buildinfo.revision=$(git rev-parse HEAD)" ./cmd/...
+var version, revision string
+
 // Read returns the running binary's build information. It never fails: a
 // binary without build information reports Version "unknown" and the Go
 // version of the runtime.
 func Read() Info {
 	bi, ok := debug.ReadBuildInfo()
-	return fromBuildInfo(bi, ok)
+	i := fromBuildInfo(bi, ok)
+	if version != "" {
+		i.Version = version
+	}
+	if revision != "" {
+		i.Revision = revision
+	}
+	return i
 }
 
 func fromBuildInfo(bi *debug.BuildInfo, ok bool) Info {

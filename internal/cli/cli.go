@@ -155,5 +155,6 @@ zk, postgres, pgadvisory (and mem, which lives inside one process only).`,
 		return nil
 	}
 	root.AddCommand(newRunCmd(g), newStatusCmd(g), newListCmd(g), newReleaseCmd(g), newFenceCmd(g), newBenchCmd(g))
+	root.AddCommand(newVersionCmd(g))
 	return root
 }
