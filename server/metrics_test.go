@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"runtime"
 	"sort"
 	"strings"
@@ -18,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	dlockv1 "github.com/dlock-dev/dlock/proto/dlock/v1"
+	"github.com/dlock-dev/dlock/server"
 )
 
 // scrape reads /metrics of the server at addr.
@@ -220,5 +223,50 @@ func TestMetrics_RequestsByMethodTransportAndCode(t *testing.T) {
 	want := map[string]float64{"state=leader": 1, "state=follower": 0, "state=candidate": 0, "state=shutdown": 0}
 	if fmt.Sprint(state) != fmt.Sprint(want) {
 		t.Errorf("dlockd_raft_state = %v, want %v", state, want)
+	}
+}
+
+// TestMetrics_AppliedIndexAfterSnapshotRestore: a node restarted from a
+// snapshot that holds its whole log applies no entry, yet
+// dlockd_raft_applied_index says the snapshot's index at once.
+func TestMetrics_AppliedIndexAfterSnapshotRestore(t *testing.T) {
+	srv := start(t, func(c *server.Config) {
+		c.SnapshotInterval = 20 * time.Millisecond
+		c.SnapshotThreshold = 1
+	})
+	c := grpcClient(t, srv.Addr())
+	for _, k := range []string{"a", "b", "c"} {
+		if _, err := c.Acquire(t.Context(), &dlockv1.AcquireRequest{Key: k, Ttl: durationpb.New(time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	applied := series(scrape(t, srv.Addr()), "dlockd_raft_applied_index")[""]
+	if applied == 0 {
+		t.Fatal("dlockd_raft_applied_index is 0 after three grants")
+	}
+	// Await a snapshot of everything applied: its directory is
+	// TERM-INDEX-MILLIS.
+	snapDir := filepath.Join(srv.Cfg.DataDir, "snapshots")
+	waitFor(t, func() bool {
+		entries, _ := os.ReadDir(snapDir)
+		for _, e := range entries {
+			parts := strings.Split(e.Name(), "-")
+			if e.IsDir() && len(parts) == 3 && !strings.HasSuffix(e.Name(), ".tmp") && parts[1] == fmt.Sprint(applied) {
+				return true
+			}
+		}
+		return false
+	})
+	if err := srv.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if got := series(scrape(t, srv.Addr()), "dlockd_raft_applied_index")[""]; got < applied {
+		t.Fatalf("after a restore from the snapshot at %v, dlockd_raft_applied_index is %v", applied, got)
+	}
+	if r, err := grpcClient(t, srv.Addr()).Inspect(t.Context(), &dlockv1.InspectRequest{Key: "b"}); err != nil || !r.GetHeld() {
+		t.Fatalf("grant lost across the restore: %v %v", r, err)
 	}
 }
