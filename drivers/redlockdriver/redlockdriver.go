@@ -21,16 +21,26 @@
 // same validity on its own (sent + TTL − drift, with sent the moment the
 // attempt started), so the time spent acquiring is subtracted.
 //
-// Renew extends the key on every node (PEXPIRE if the node still has the
-// owner token) and succeeds while a majority does. A node that lost the key
-// (restarted empty, or failed over to a replica without it) is repaired on
-// renewal: the key is set again, only if absent, with the same owner token.
-// When the owner token no longer holds a majority the lease is lost
-// (driver.ErrLeaseLost) and the driver removes what it still holds. Release
-// deletes the key on every node where it still holds the owner token.
-// Renew and Release report per-node results in a *QuorumError (its
-// Unwrap() []error lists each node's error), and one node's error does not
-// lose a lease that still has a majority.
+// Renew extends the key on every node where it still holds the owner token
+// (PEXPIRE) and succeeds when a majority of the nodes was found holding it.
+// A node where the key is missing (evicted, deleted, FLUSHALL, restarted
+// empty, failed over to a replica without it) is evidence that the lease
+// may have been taken: between the key's disappearance and this renewal
+// another client may have counted that node toward a majority of its own,
+// worked and released. So a missing key never counts toward the majority.
+// When too many nodes answer "missing" or "held by another owner" for a
+// majority to remain, the lease is lost at once (driver.ErrLeaseLost) and
+// the driver removes what it still holds; nodes that do not answer are
+// evidence neither way (driver.ErrUnavailable, and the root package's
+// validity deadline decides). Only after a renewal has found a majority are
+// the missing nodes repaired (the key set again, only if absent, with the
+// same owner token and the grant's fence), in a second round, so that the
+// next renewal may count them: a key re-created at a moment when the owner
+// still held a majority cannot hide another holder. Release deletes the key
+// on every node where it still holds the owner token. Renew and Release
+// report per-node results in a *QuorumError (its Unwrap() []error lists
+// each node's error), and one node's error does not lose a lease that
+// still has a majority.
 //
 // # Fencing
 //
@@ -300,25 +310,38 @@ if cur < tonumber(ARGV[2]) then redis.call('SET', KEYS[2], ARGV[2]) end
 return 1
 `)
 
-// renewScript extends the owner's key, or sets it again when the node has
-// lost it (restarted empty), and raises the fence counter to ARGV[3] unless
-// it is "0". It returns 1, 2 (repaired) or 0 (another owner holds it).
+// renewScript extends the owner's key and raises the fence counter to
+// ARGV[3] unless it is "0". It returns 1 (extended), 2 (the key is missing:
+// nothing written) or 0 (another owner holds it). A missing key is not set
+// again here: see repairScript.
 var renewScript = redis.NewScript(`
 local cur = redis.call('GET', KEYS[1])
-local r = 1
+if cur == false then return 2 end
+if cur ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if ARGV[3] ~= '0' then
+  local f = tonumber(redis.call('GET', KEYS[2]) or '0')
+  if f < tonumber(ARGV[3]) then redis.call('SET', KEYS[2], ARGV[3]) end
+end
+return 1
+`)
+
+// repairScript sets the owner's key again where it is missing (only if
+// absent) and raises the fence counter to ARGV[3] unless it is "0". It runs
+// only after a renewal found a majority. It returns 1 (set or already the
+// owner's) or 0 (another owner took it meanwhile).
+var repairScript = redis.NewScript(`
+local cur = redis.call('GET', KEYS[1])
 if cur == false then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  r = 2
 elseif cur ~= ARGV[1] then
   return 0
-else
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 if ARGV[3] ~= '0' then
   local f = tonumber(redis.call('GET', KEYS[2]) or '0')
   if f < tonumber(ARGV[3]) then redis.call('SET', KEYS[2], ARGV[3]) end
 end
-return r
+return 1
 `)
 
 // releaseScript deletes the owner's key. It returns 1 (deleted), 0 (absent)
@@ -334,6 +357,7 @@ return -1
 var (
 	errNodeHeld     = errors.New("held by another owner")
 	errNodeNotOwner = errors.New("owner token not held")
+	errNodeMissing  = errors.New("lock key missing")
 )
 
 // QuorumError reports the per-node results of an operation that did not
@@ -545,12 +569,15 @@ func (d *Driver) releaseOn(ctx context.Context, key, owner string, nto time.Dura
 	})
 }
 
-// Renew extends owner's key on every node, setting it again on nodes that
-// lost it, and succeeds when a majority holds it. It returns an error
-// matching driver.ErrLeaseLost when other owners hold enough nodes that no
-// majority is possible (and then removes the owner's key everywhere), and
-// otherwise a *QuorumError matching driver.ErrUnavailable when too few
-// nodes answered.
+// Renew extends owner's key on every node where it still holds the owner
+// token, and succeeds when a majority of the nodes was found holding it;
+// then, in a second round, it sets the key again on the nodes where it was
+// missing. A node where the key is missing never counts toward the
+// majority (see the package doc). It returns an error matching
+// driver.ErrLeaseLost (a *QuorumError) when the nodes where the key is
+// missing or held by another owner leave no majority, having removed the
+// owner's key everywhere, and otherwise a *QuorumError matching
+// driver.ErrUnavailable when too few nodes answered.
 func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration) error {
 	if d.isClosed() {
 		return fmt.Errorf("redlockdriver: renew %q: %w", key, driver.ErrClosed)
@@ -561,17 +588,33 @@ func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration
 	d.mu.Unlock()
 	nto := d.nodeTimeout(ttl)
 	keys := []string{d.lockKey(key), d.fenceKey(key)}
+	ttlMS := max(ttl.Milliseconds(), 1)
+	fenceArg := strconv.FormatUint(fence, 10)
 	errs := d.each(ctx, nto, func(ctx context.Context, i int, c redis.Scripter) error {
-		n, err := renewScript.Run(ctx, c, keys, owner, max(ttl.Milliseconds(), 1), strconv.FormatUint(fence, 10)).Int64()
+		n, err := renewScript.Run(ctx, c, keys, owner, ttlMS, fenceArg).Int64()
 		if err != nil {
 			return err
 		}
-		if n == 0 {
+		switch n {
+		case 1:
+			return nil
+		case 2:
+			return errNodeMissing
+		default:
 			return errNodeHeld
 		}
-		return nil
 	})
 	if count(errs, nil) >= d.quorum {
+		if missing := count(errs, errNodeMissing); missing > 0 {
+			// Best effort: a node not repaired now is found missing again
+			// by the next renewal, which needs a majority without it.
+			d.each(ctx, nto, func(ctx context.Context, i int, c redis.Scripter) error {
+				if !errors.Is(errs[i], errNodeMissing) {
+					return nil
+				}
+				return repairScript.Run(ctx, c, keys, owner, ttlMS, fenceArg).Err()
+			})
+		}
 		d.mu.Lock()
 		if f, ok := d.fences[grantKey(key, owner)]; ok {
 			f.until = sent.Add(ttl)
@@ -580,7 +623,7 @@ func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration
 		d.mu.Unlock()
 		return nil
 	}
-	if len(d.nodes)-count(errs, errNodeHeld) < d.quorum {
+	if against := count(errs, errNodeHeld) + count(errs, errNodeMissing); len(d.nodes)-against < d.quorum {
 		d.releaseAll(ctx, key, owner, nto)
 		d.forget(key, owner)
 		return fmt.Errorf("redlockdriver: renew %q: %w", key, d.quorumErr("renew", errs, driver.ErrLeaseLost))
