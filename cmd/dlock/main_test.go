@@ -430,3 +430,136 @@ func TestRun_KilledDlockTakesItsCommandAlong(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestRelease_ForceUnsupportedIs78: on a store without force release
+// (Redlock, which cannot inspect either), release --force and status exit
+// 78 with a message that says so, and the holder's grant stays.
+func TestRelease_ForceUnsupportedIs78(t *testing.T) {
+	rs := testservers.StartRedisN(t, 3)
+	store := "redlock://" + rs[0].Addr() + "," + rs[1].Addr() + "," + rs[2].Addr()
+	running := filepath.Join(t.TempDir(), "running")
+	holder := command(store, "run", "--ttl", "1h", "unsup:key", "--", "sh", "-c", "touch "+running+"; exec sleep 60")
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holder.Process.Signal(syscall.SIGTERM); _ = holder.Wait() }()
+	awaitFile(t, running)
+
+	res := dlock(t, store, "release", "--force", "unsup:key", "--reason", "holder pod evicted")
+	wantCode(t, res, 78)
+	if !strings.Contains(res.stderr, "unsupported operation") || !strings.Contains(res.stderr, "no force release") {
+		t.Fatalf("stderr %q: want it to say the store has no force release", res.stderr)
+	}
+	res = dlock(t, store, "status", "unsup:key")
+	wantCode(t, res, 78)
+	if !strings.Contains(res.stderr, "unsupported operation") {
+		t.Fatalf("status stderr %q: want it to say the store cannot inspect", res.stderr)
+	}
+	// Nothing was removed: the key is still held.
+	wantCode(t, dlock(t, store, "run", "unsup:key", "--", "true"), 75)
+	// Usage errors stay 64, checked before the store is asked.
+	wantCode(t, dlock(t, store, "release", "--force", "unsup:key"), 64)
+}
+
+// TestRelease_ForceOnDlockdEndsHolderAndGrantsWaiter: on dlockd, release
+// --force removes a live holder's grant; the holder's dlock run hears of
+// the loss by push and exits 70 at once (its TTL is an hour), and a queued
+// dlock run --wait is granted with a greater fence.
+func TestRelease_ForceOnDlockdEndsHolderAndGrantsWaiter(t *testing.T) {
+	start := time.Now()
+	store := "dlockd://" + servertest.StartProcess(t).Addr()
+	t.Logf("dlockd ready after %v", time.Since(start))
+	dir := t.TempDir()
+	running := filepath.Join(dir, "running")
+	holder := command(store, "run", "--ttl", "1h", "--grace", "5s", "force:live", "--",
+		"sh", "-c", "echo fence=$DLOCK_FENCE; touch "+running+"; exec sleep 60")
+	var hout, herr bytes.Buffer
+	holder.Stdout, holder.Stderr = &hout, &herr
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	holderDone := make(chan error, 1)
+	go func() { holderDone <- holder.Wait() }()
+	defer func() {
+		_ = holder.Process.Signal(syscall.SIGTERM)
+		<-holderDone
+	}()
+	awaitFile(t, running)
+
+	waiter := command(store, "run", "--wait", "--wait-timeout", "30s", "force:live", "--", "sh", "-c", "echo fence=$DLOCK_FENCE")
+	var wout, werr bytes.Buffer
+	waiter.Stdout, waiter.Stderr = &wout, &werr
+	if err := waiter.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waiterDone := make(chan error, 1)
+	go func() { waiterDone <- waiter.Wait() }()
+	defer func() {
+		_ = waiter.Process.Signal(syscall.SIGTERM)
+		<-waiterDone
+	}()
+	awaitWaiters(t, store, "force:live", 1)
+	t.Logf("holder running and waiter queued after %v", time.Since(start))
+
+	released := time.Now()
+	res := dlock(t, store, "release", "--force", "force:live", "--reason", "operator test")
+	wantCode(t, res, 0)
+	if !strings.Contains(res.stdout, "released force:live") {
+		t.Fatalf("release stdout %q", res.stdout)
+	}
+	select {
+	case err := <-holderDone:
+		holderDone <- err // for the deferred cleanup
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 70 {
+			t.Fatalf("holder: %v, want exit 70\nstderr: %s", err, herr.String())
+		}
+		since := time.Since(released)
+		t.Logf("holder exited 70 %v after the force release", since)
+		if since > 3*time.Second {
+			t.Fatalf("holder exited %v after the force release, want at once", since)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("holder still running 10s after the force release (TTL 1h)\nstderr: %s", herr.String())
+	}
+	select {
+	case err := <-waiterDone:
+		waiterDone <- err
+		if err != nil {
+			t.Fatalf("waiter: %v\nstderr: %s", err, werr.String())
+		}
+		t.Logf("waiter ran %v after the force release", time.Since(released))
+	case <-time.After(30 * time.Second):
+		t.Fatalf("waiter not granted 30s after the force release\nstderr: %s", werr.String())
+	}
+	if f1, f2 := fenceOf(t, hout.String()), fenceOf(t, wout.String()); f2 <= f1 {
+		t.Fatalf("waiter's fence %d is not greater than the removed holder's %d", f2, f1)
+	}
+}
+
+func awaitFile(t *testing.T, path string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("%s never appeared", path)
+}
+
+// awaitWaiters waits until dlock status reports n queued waiters on key.
+func awaitWaiters(t *testing.T, store, key string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		res := dlock(t, store, "status", "-o", "json", key)
+		var st struct{ Waiters *int }
+		if res.code == 0 && json.Unmarshal([]byte(res.stdout), &st) == nil && st.Waiters != nil && *st.Waiters == n {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s never had %d waiters", key, n)
+}

@@ -4,21 +4,36 @@
 //
 //	import _ "github.com/dlock-dev/dlock/drivers/dlockddriver"
 //
+// # URL
+//
+// dlockd://host:port?lock_delay=DURATION. The port defaults to 7450 and the
+// host to 127.0.0.1. lock_delay (a Go duration such as 2s; see
+// Options.LockDelay) is sent with every acquisition; absent or 0 means the
+// server's default. Any other parameter, or a lock_delay that is negative
+// or not a duration, is a configuration error at Open.
+//
 // # Capabilities
 //
 //   - driver.Driver: TryAcquire, Renew (one item of the server's batched
 //     renewal), Release.
 //   - driver.Waiter: Wait queues on the server's FIFO queue for the key and is
 //     told of the grant by the server in the same Raft entry that released
-//     the previous holder: no polling. When the caller's context ends, Wait
-//     cancels on the same stream and returns only after the server has
-//     removed the queue entry (or released a grant that raced the
-//     cancellation), bounded by Options.CleanupTimeout.
-//   - driver.Inspector: Inspect and List, linearizable reads on the leader.
+//     the previous holder: no polling. A grant handed over this way must be
+//     claimed within the server's claim window; Wait claims it (a renewal)
+//     before it returns, and queues again if the window passed. When the
+//     caller's context ends, Wait cancels on the same stream and returns only
+//     after the server has removed the queue entry (or released a grant that
+//     raced the cancellation), bounded by Options.CleanupTimeout.
+//   - driver.Inspector: Inspect and List, linearizable reads on the leader;
+//     List follows the server's pages until the last.
+//   - driver.ForceReleaser: ForceRelease removes a grant whoever holds it,
+//     with a reason the server logs (dlock release --force).
 //   - Loss push: each Driver keeps one Watch stream (its session) open; when
-//     the server expires a grant made by this Driver, Grant.Lost closes.
-//     While the stream is down, loss is found by renewals and the validity
-//     deadline instead.
+//     the server ends a grant made by this Driver without a release
+//     (expired, force-released, or handed over and not claimed), Grant.Lost
+//     closes at once, and the reason is kept for the error of a later Renew
+//     or Release of that grant. While the stream is down, loss is found by
+//     renewals and the validity deadline instead.
 //
 // TryAcquire, Release and Renew travel on one Session stream per Driver,
 // shared by all its calls (one message each way per call); while the stream
@@ -34,18 +49,21 @@
 // Fences are Raft log indexes: greater than every fence issued before on the
 // server, surviving restarts (the log is fsynced). Expiry is decided by the
 // server leader's monotonic clock, late rather than early (see package
-// server). Connection failures are returned as plain errors; the root package
-// reports them as dlock.ErrUnavailable.
+// server). A grant lost without a release keeps its key from everyone for
+// the lock-delay, so that a paused holder's in-flight writes land before
+// the next holder starts (Chubby's lock-delay); fencing at the resource is
+// still the real protection. Connection failures are returned as plain
+// errors; the root package reports them as dlock.ErrUnavailable.
 package dlockddriver
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -88,19 +106,45 @@ type Options struct {
 	// NoSession makes every call a unary RPC instead of a message on the
 	// Driver's Session stream (which costs less per call).
 	NoSession bool
+	// LockDelay is sent with every acquisition: after the grant is lost
+	// without a release (expiry, force release, a handover not claimed in
+	// time), the server grants the key to nobody for this long. It is capped
+	// at each grant's TTL (the server's limit). Zero: the server's default
+	// (dlockd --lock-delay). Negative: Dial fails (New treats it as zero).
+	LockDelay time.Duration
+	// ListPageSize is how many holders List asks for per request. Zero: the
+	// server's default page. Negative or above 2^32-1: Dial fails (New
+	// treats it as zero).
+	ListPageSize int
+}
+
+// check reports a configuration error in o, never an outage.
+func (o *Options) check() error {
+	if o.LockDelay < 0 {
+		return fmt.Errorf("dlockd: lock delay %v is negative", o.LockDelay)
+	}
+	if o.ListPageSize < 0 || int64(o.ListPageSize) > math.MaxUint32 {
+		return fmt.Errorf("dlockd: list page size %d is outside [0, %d]", o.ListPageSize, uint32(math.MaxUint32))
+	}
+	return nil
 }
 
 // Driver is a dlockd client. It is safe for concurrent use. Two Drivers are
 // two independent clients.
 type Driver struct {
-	cc      *grpc.ClientConn // owned; nil when built on a caller's connection
-	client  dlockv1.LockClient
-	session string
-	cleanup time.Duration
+	cc        *grpc.ClientConn // owned; nil when built on a caller's connection
+	client    dlockv1.LockClient
+	session   string
+	cleanup   time.Duration
+	lockDelay time.Duration
+	pageSize  uint32
+	noWatch   bool
 
-	mu     sync.Mutex
-	closed bool
-	lost   map[grantKey]chan struct{}
+	mu          sync.Mutex
+	closed      bool
+	lost        map[grantKey]lostEntry // Lost channels of live grants
+	reasons     map[grantKey]string    // the server's reasons of recent losses
+	reasonOrder []grantKey             // reasons' keys, oldest first
 
 	watchCtx    context.Context
 	watchCancel context.CancelFunc
@@ -109,20 +153,39 @@ type Driver struct {
 	calls atomic.Pointer[callStream] // the Session stream; nil: use unary RPCs
 }
 
-type grantKey struct{ key, owner string }
-
 var (
-	_ driver.Driver    = (*Driver)(nil)
-	_ driver.Waiter    = (*Driver)(nil)
-	_ driver.Inspector = (*Driver)(nil)
+	_ driver.Driver        = (*Driver)(nil)
+	_ driver.Waiter        = (*Driver)(nil)
+	_ driver.Inspector     = (*Driver)(nil)
+	_ driver.ForceReleaser = (*Driver)(nil)
 )
 
-// Open opens a Driver for a dlockd://host:port URL (port 7450 when missing,
-// host 127.0.0.1 when empty). The connection is made lazily: Open does not
-// fail when the server is down.
+// urlParams are the query parameters Open understands.
+var urlParams = []string{"lock_delay"}
+
+// Open opens a Driver for a dlockd://host:port[?lock_delay=DURATION] URL
+// (port 7450 when missing, host 127.0.0.1 when empty; see the package
+// documentation). The connection is made lazily: Open does not fail when
+// the server is down. It returns an error (a configuration error, never
+// driver.ErrUnavailable) for another scheme, an unknown query parameter, or
+// a lock_delay that is not a duration or is negative.
 func Open(ctx context.Context, u *url.URL) (*Driver, error) {
 	if u.Scheme != Scheme {
 		return nil, fmt.Errorf("dlockd: URL scheme %q, want %q", u.Scheme, Scheme)
+	}
+	opts := &Options{}
+	q := u.Query()
+	for name := range q {
+		if !slices.Contains(urlParams, name) {
+			return nil, fmt.Errorf("dlockd: unknown URL parameter %q (known: %s)", name, strings.Join(urlParams, ", "))
+		}
+	}
+	if v := q.Get("lock_delay"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			return nil, fmt.Errorf("dlockd: URL parameter lock_delay=%q is not a duration of 0 or more", v)
+		}
+		opts.LockDelay = d
 	}
 	host, port := u.Hostname(), u.Port()
 	if host == "" {
@@ -131,14 +194,18 @@ func Open(ctx context.Context, u *url.URL) (*Driver, error) {
 	if port == "" {
 		port = DefaultPort
 	}
-	return Dial(net.JoinHostPort(host, port), nil)
+	return Dial(net.JoinHostPort(host, port), opts)
 }
 
 // Dial opens a Driver on the dlockd at target (host:port) with its own gRPC
-// connection, which Close closes.
+// connection, which Close closes. It returns an error for invalid opts or
+// a target gRPC refuses; it does not connect yet.
 func Dial(target string, opts *Options) (*Driver, error) {
 	if opts == nil {
 		opts = &Options{}
+	}
+	if err := opts.check(); err != nil {
+		return nil, err
 	}
 	dopts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -173,10 +240,16 @@ func New(cc grpc.ClientConnInterface, opts *Options) *Driver {
 
 func newDriver(cc grpc.ClientConnInterface, opts *Options) *Driver {
 	d := &Driver{
-		client:  dlockv1.NewLockClient(cc),
-		session: newSession(),
-		cleanup: opts.CleanupTimeout,
-		lost:    make(map[grantKey]chan struct{}),
+		client:    dlockv1.NewLockClient(cc),
+		session:   newSession(),
+		cleanup:   opts.CleanupTimeout,
+		lockDelay: max(opts.LockDelay, 0),
+		noWatch:   opts.NoWatch,
+		lost:      make(map[grantKey]lostEntry),
+		reasons:   make(map[grantKey]string),
+	}
+	if opts.ListPageSize > 0 && int64(opts.ListPageSize) <= math.MaxUint32 {
+		d.pageSize = uint32(opts.ListPageSize)
 	}
 	if d.cleanup <= 0 {
 		d.cleanup = 5 * time.Second
@@ -242,153 +315,17 @@ func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (dri
 	return d.grant(req, resp.GetFence()), nil
 }
 
+// acquireReq is req as the server wants it, with the Driver's session and
+// lock-delay (capped at the TTL, the server's limit).
 func (d *Driver) acquireReq(req driver.AcquireRequest, wait bool) *dlockv1.AcquireRequest {
-	return &dlockv1.AcquireRequest{
+	areq := &dlockv1.AcquireRequest{
 		Key: req.Key, Owner: req.Owner, Ttl: durationpb.New(req.TTL), Holder: req.Holder,
 		Wait: wait, Session: d.session,
 	}
-}
-
-// grant registers the Lost channel of a new grant.
-func (d *Driver) grant(req driver.AcquireRequest, fence uint64) driver.Grant {
-	g := driver.Grant{Fence: fence}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.watchCtx.Err() == nil && !d.closed {
-		ch := make(chan struct{})
-		d.lost[grantKey{req.Key, req.Owner}] = ch
-		g.Lost = ch
+	if d.lockDelay > 0 {
+		areq.LockDelay = durationpb.New(min(d.lockDelay, req.TTL))
 	}
-	return g
-}
-
-// forget drops the Lost channel of a grant that ended without loss news.
-func (d *Driver) forget(key, owner string) {
-	d.mu.Lock()
-	delete(d.lost, grantKey{key, owner})
-	d.mu.Unlock()
-}
-
-// markLost closes the Lost channel of a grant the server expired.
-func (d *Driver) markLost(key, owner string) {
-	d.mu.Lock()
-	k := grantKey{key, owner}
-	if ch, ok := d.lost[k]; ok {
-		close(ch)
-		delete(d.lost, k)
-	}
-	d.mu.Unlock()
-}
-
-// Wait implements driver.Waiter over the server's Wait stream.
-func (d *Driver) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
-	if d.isClosed() {
-		return driver.Grant{}, driver.ErrClosed
-	}
-	if err := ctx.Err(); err != nil {
-		return driver.Grant{}, err
-	}
-	// The stream outlives ctx so that a cancellation can be confirmed by the
-	// server; until the request is sent, ctx still cuts the stream.
-	sctx, scancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer scancel()
-	var sentMu sync.Mutex
-	sent := false
-	stopEarly := context.AfterFunc(ctx, func() {
-		sentMu.Lock()
-		defer sentMu.Unlock()
-		if !sent {
-			scancel()
-		}
-	})
-	defer stopEarly()
-
-	stream, err := d.client.Wait(sctx)
-	if err == nil {
-		sentMu.Lock()
-		if sctx.Err() == nil {
-			err = stream.Send(d.acquireReq(req, true))
-			sent = err == nil
-		} else {
-			err = sctx.Err()
-		}
-		sentMu.Unlock()
-	}
-	if err != nil { // the stream broke; the server cleans up what it got when the stream ends
-		return driver.Grant{}, mapErr(ctx, "wait", req.Key, err)
-	}
-
-	events := make(chan recvd, 4)
-	go func() {
-		for {
-			ev, err := stream.Recv()
-			select {
-			case events <- recvd{ev, err}:
-			case <-sctx.Done():
-				return
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
-
-	for {
-		select {
-		case r := <-events:
-			if r.err != nil {
-				return driver.Grant{}, mapErr(ctx, "wait", req.Key, r.err)
-			}
-			switch r.ev.GetType() {
-			case dlockv1.WaitEvent_GRANTED:
-				return d.grant(req, r.ev.GetGrant().GetFence()), nil
-			case dlockv1.WaitEvent_CANCELLED: // not asked for: treat as an outage
-				return driver.Grant{}, fmt.Errorf("dlockd: wait %q: cancelled by the server", req.Key)
-			}
-		case <-ctx.Done():
-			return driver.Grant{}, d.cancelWait(ctx, req, stream, events)
-		}
-	}
-}
-
-// recvd is one result of a Wait stream's Recv.
-type recvd struct {
-	ev  *dlockv1.WaitEvent
-	err error
-}
-
-// cancelWait asks the server, on the wait's own stream, to remove the queue
-// entry, and waits for its answer. A grant that arrives first is released.
-func (d *Driver) cancelWait(ctx context.Context, req driver.AcquireRequest, stream dlockv1.Lock_WaitClient, events <-chan recvd) error {
-	why := ctx.Err()
-	_ = stream.CloseSend()
-	timer := time.NewTimer(d.cleanup)
-	defer timer.Stop()
-	for {
-		select {
-		case r := <-events:
-			if r.err != nil {
-				if errors.Is(r.err, io.EOF) {
-					return why
-				}
-				return errors.Join(why, fmt.Errorf("dlockd: wait %q: cancel not confirmed: %w", req.Key, r.err))
-			}
-			switch r.ev.GetType() {
-			case dlockv1.WaitEvent_CANCELLED:
-				return why
-			case dlockv1.WaitEvent_GRANTED:
-				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cleanup)
-				err := d.Release(rctx, req.Key, req.Owner)
-				cancel()
-				if err != nil && !errors.Is(err, driver.ErrLeaseLost) {
-					return errors.Join(why, fmt.Errorf("dlockd: wait %q: release of a grant that raced the cancellation: %w", req.Key, err))
-				}
-				return why
-			}
-		case <-timer.C:
-			return errors.Join(why, fmt.Errorf("dlockd: wait %q: cancel not confirmed within %v", req.Key, d.cleanup))
-		}
-	}
+	return areq
 }
 
 // Renew implements driver.Driver.
@@ -408,9 +345,10 @@ type RenewItem struct {
 }
 
 // RenewBatch renews many grants in one request. It returns one error per
-// item (nil, or driver.ErrLeaseLost wrapped), or a request error (an
-// invalid item fails the whole request; connection failures are plain
-// errors).
+// item (nil, or driver.ErrLeaseLost wrapped with the server's reason when
+// known, or driver.ErrInvalidKey / driver.ErrInvalidTTL), or a request
+// error (an invalid item may fail the whole request; connection failures
+// are plain errors).
 func (d *Driver) RenewBatch(ctx context.Context, items []RenewItem) ([]error, error) {
 	if d.isClosed() {
 		return nil, driver.ErrClosed
@@ -441,12 +379,28 @@ func (d *Driver) RenewBatch(ctx context.Context, items []RenewItem) ([]error, er
 	}
 	errs := make([]error, len(items))
 	for i, r := range resp.GetResults() {
-		if !r.GetOk() {
-			errs[i] = fmt.Errorf("dlockd: renew %q: %w", items[i].Key, driver.ErrLeaseLost)
-			d.forget(items[i].Key, items[i].Owner)
+		it := items[i]
+		switch {
+		case r.GetOk():
+		case r.GetReason() == "INVALID_KEY":
+			errs[i] = fmt.Errorf("dlockd: renew %q: %w", it.Key, driver.ErrInvalidKey)
+		case r.GetReason() == "INVALID_TTL":
+			errs[i] = fmt.Errorf("dlockd: renew %q: %w: %v", it.Key, driver.ErrInvalidTTL, it.TTL)
+		default:
+			errs[i] = fmt.Errorf("dlockd: renew %q: %w", it.Key, d.leaseLost(it.Key, it.Owner))
+			d.forget(it.Key, it.Owner)
 		}
 	}
 	return errs, nil
+}
+
+// leaseLost is driver.ErrLeaseLost for owner's grant on key, with the
+// server's reason when the Watch stream told one.
+func (d *Driver) leaseLost(key, owner string) error {
+	if why := d.lossReason(key, owner); why != "" {
+		return fmt.Errorf("%w (%s)", driver.ErrLeaseLost, why)
+	}
+	return driver.ErrLeaseLost
 }
 
 // Release implements driver.Driver.
@@ -463,97 +417,12 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 		err = mapErr(ctx, "release", key, err)
 		if errors.Is(err, driver.ErrLeaseLost) {
 			d.forget(key, owner)
+			return d.leaseLost(key, owner) // the root package adds the operation, key and store
 		}
 		return err
 	}
 	d.forget(key, owner)
 	return nil
-}
-
-// CheckFence reports whether fence is the current grant of key on the
-// server (Chubby's sequencer check). It is weaker than a resource that
-// stores the greatest fence it has seen: the answer can be stale by the time
-// the caller acts on it.
-func (d *Driver) CheckFence(ctx context.Context, key string, fence uint64) (bool, error) {
-	if d.isClosed() {
-		return false, driver.ErrClosed
-	}
-	resp, err := d.client.CheckFence(ctx, &dlockv1.CheckFenceRequest{Key: key, Fence: fence})
-	if err != nil {
-		return false, mapErr(ctx, "check fence", key, err)
-	}
-	return resp.GetCurrent(), nil
-}
-
-// Inspect implements driver.Inspector.
-func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, error) {
-	if d.isClosed() {
-		return driver.HolderInfo{}, driver.ErrClosed
-	}
-	resp, err := d.client.Inspect(ctx, &dlockv1.InspectRequest{Key: key})
-	if err != nil {
-		return driver.HolderInfo{}, mapErr(ctx, "inspect", key, err)
-	}
-	if !resp.GetHeld() {
-		return driver.HolderInfo{Key: key, Waiters: int(resp.GetWaiters())}, fmt.Errorf("dlockd: inspect %q: %w", key, driver.ErrNotAcquired)
-	}
-	return holderInfo(resp.GetInfo()), nil
-}
-
-// List implements driver.Inspector. It returns at most 10,000 holders (the
-// server's default limit).
-func (d *Driver) List(ctx context.Context, prefix string) ([]driver.HolderInfo, error) {
-	if d.isClosed() {
-		return nil, driver.ErrClosed
-	}
-	resp, err := d.client.List(ctx, &dlockv1.ListRequest{Prefix: prefix, Limit: 10000})
-	if err != nil {
-		return nil, mapErr(ctx, "list", prefix, err)
-	}
-	out := make([]driver.HolderInfo, len(resp.GetHolders()))
-	for i, h := range resp.GetHolders() {
-		out[i] = holderInfo(h)
-	}
-	return out, nil
-}
-
-func holderInfo(h *dlockv1.HolderInfo) driver.HolderInfo {
-	return driver.HolderInfo{
-		Key: h.GetKey(), Fence: h.GetFence(), Holder: h.GetHolder(),
-		TTL: h.GetTtl().AsDuration(), Remaining: h.GetRemaining().AsDuration(),
-		Waiters: int(min(h.GetWaiters(), math.MaxInt32)),
-	}
-}
-
-// watchLoop keeps the session's Watch stream open until Close, and closes
-// the Lost channel of each grant the server reports expired.
-func (d *Driver) watchLoop() {
-	defer d.watchWG.Done()
-	ctx := d.watchCtx
-	delay := 50 * time.Millisecond
-	for ctx.Err() == nil {
-		stream, err := d.client.Watch(ctx, &dlockv1.WatchRequest{Session: d.session}, grpc.WaitForReady(true))
-		if err == nil {
-			for {
-				ev, rerr := stream.Recv()
-				if rerr != nil {
-					break
-				}
-				delay = 50 * time.Millisecond
-				if ev.GetType() == dlockv1.WatchEvent_LOST {
-					d.markLost(ev.GetKey(), ev.GetOwner())
-				}
-			}
-		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		delay = min(delay*2, 2*time.Second)
-	}
 }
 
 // mapErr turns a gRPC error into the driver's: the contract's sentinels for
