@@ -16,6 +16,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -347,4 +348,54 @@ func BenchmarkUnaryInterceptor_Overhead(b *testing.B) {
 	for b.Loop() {
 		_, _ = s.metrics.unaryInterceptor(ctx, req, info, h)
 	}
+}
+
+// TestServer_RequestDone: the helper of the HTTP handlers and Session's
+// calls counts and times the call under the RPC's name and its transport,
+// and logs it at debug with its key.
+func TestServer_RequestDone(t *testing.T) {
+	buf := &logBuffer{}
+	cfg := logTestConfig(t, t.TempDir(), slog.LevelDebug, buf)
+	s, err := New(cfg) // not started: the helper needs only the metrics and the logger
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	start := time.Now().Add(-3 * time.Millisecond)
+	s.requestDone(transportHTTP, "cancel-wait", keyOf(&dlockv1.CancelWaitRequest{Key: "h"}), nil, start)
+	s.requestDone(transportSession, methodAcquire, keyOf(&dlockv1.SessionRequest{Call: &dlockv1.SessionRequest_Acquire{
+		Acquire: &dlockv1.AcquireRequest{Key: "s"}}}), apiErr(codes.FailedPrecondition, ReasonLockHeld, "held"), start)
+
+	mfs, err := s.metrics.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var ls []string
+			for _, lp := range m.GetLabel() {
+				ls = append(ls, lp.GetName()+"="+lp.GetValue())
+			}
+			k := mf.GetName() + "{" + strings.Join(ls, ",") + "}"
+			switch {
+			case m.Counter != nil:
+				got[k] = m.GetCounter().GetValue()
+			case m.Histogram != nil:
+				got[k] = m.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	for k, min := range map[string]float64{
+		"dlockd_requests_total{code=OK,method=CancelWait,transport=http}":                 1,
+		"dlockd_requests_total{code=FailedPrecondition,method=Acquire,transport=session}": 1,
+		"dlockd_request_duration_seconds{method=CancelWait,transport=http}":               0.003,
+		"dlockd_request_duration_seconds{method=Acquire,transport=session}":               0.003,
+	} {
+		if got[k] < min {
+			t.Errorf("%s = %v, want >= %v", k, got[k], min)
+		}
+	}
+	buf.await(t, "dlockd: request", map[string]any{"method": "CancelWait", "key": "h", "code": "OK"})
+	buf.await(t, "dlockd: request", map[string]any{"method": "Acquire", "key": "s", "code": "FailedPrecondition"})
 }

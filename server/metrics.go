@@ -250,6 +250,17 @@ func (m *metrics) observe(transport, method string, err error, d time.Duration) 
 	m.record(transport, methodName(method), codeOf(err, false), d)
 }
 
+// requestDone counts, times and (at debug) logs one finished call that
+// started at start: transport is transportHTTP or transportSession, method
+// an RPC name, a gRPC full method or an HTTP route name, key the call's key
+// (keyOf(req); "" for none). It is the one line the HTTP handlers and
+// Session's calls need; gRPC calls are handled by the interceptors.
+func (s *Server) requestDone(transport, method, key string, err error, start time.Time) {
+	d := time.Since(start)
+	s.metrics.observe(transport, method, err, d)
+	s.logRequest(method, key, err, d)
+}
+
 // count counts one call of a Session stream, without its duration.
 //
 // Deprecated: call observe(transportSession, method, err, d), which times
@@ -267,7 +278,8 @@ func (m *metrics) countHTTP(method string, err error) {
 }
 
 // keyOf returns the key of a request message for the debug log: its key,
-// the one key of a one-item renewal, or "".
+// the one key of a one-item renewal, the key of a Session call's request,
+// or "".
 func keyOf(req any) string {
 	switch r := req.(type) {
 	case interface{ GetKey() string }:
@@ -275,6 +287,15 @@ func keyOf(req any) string {
 	case *dlockv1.RenewRequest:
 		if items := r.GetItems(); len(items) == 1 {
 			return items[0].GetKey()
+		}
+	case *dlockv1.SessionRequest:
+		switch c := r.GetCall().(type) {
+		case *dlockv1.SessionRequest_Acquire:
+			return keyOf(c.Acquire)
+		case *dlockv1.SessionRequest_Release:
+			return keyOf(c.Release)
+		case *dlockv1.SessionRequest_Renew:
+			return keyOf(c.Renew)
 		}
 	}
 	return ""
