@@ -347,9 +347,9 @@ func historyDuration(t *testing.T) time.Duration {
 //	DLOCK_HISTORY_DURATION=10m go test -race -timeout 20m -run TestHistory_Random ./server/historytest/
 func TestHistory_RandomLeasesNeverTakenEarly(t *testing.T) {
 	const (
-		clients       = 8
-		connsPerClient  = 3
-		maxIterations = 1_000_000
+		clients        = 8
+		connsPerClient = 3
+		maxIterations  = 1_000_000
 	)
 	keys := []string{"hist/a", "hist/b", "hist/c"}
 	dur := historyDuration(t)
