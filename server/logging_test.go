@@ -399,3 +399,50 @@ func TestServer_RequestDone(t *testing.T) {
 	buf.await(t, "dlockd: request", map[string]any{"method": "CancelWait", "key": "h", "code": "OK"})
 	buf.await(t, "dlockd: request", map[string]any{"method": "Acquire", "key": "s", "code": "FailedPrecondition"})
 }
+
+// TestServer_RaftLogger: Raft logs into Config.Logger at its level by
+// default, at RaftLogLevel when set, nowhere with "off", and as text into
+// RaftLogOutput when set.
+func TestServer_RaftLogger(t *testing.T) {
+	for _, tc := range []struct {
+		name, level string
+		output      bool
+		want        string // in the server's log or in RaftLogOutput
+		wantDebug   bool
+	}{
+		{name: "follows the logger", want: `"msg":"raft info"`},
+		{name: "override", level: "debug", want: `"msg":"raft info"`, wantDebug: true},
+		{name: "off", level: "off"},
+		{name: "own output", output: true, want: `msg="raft info"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			buf, out := &logBuffer{}, &logBuffer{}
+			cfg := logTestConfig(t, t.TempDir(), slog.LevelInfo, buf)
+			cfg.RaftLogLevel = tc.level
+			if tc.output {
+				cfg.RaftLogOutput = out
+			}
+			s, err := New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = s.Close() })
+			l := s.raftLogger()
+			l.Info("raft info")
+			l.Debug("raft debug")
+			got := buf.String()
+			if tc.output {
+				if got != "" {
+					t.Errorf("server log got Raft's lines: %s", got)
+				}
+				got = out.String()
+			}
+			if tc.want == "" && got != "" || !strings.Contains(got, tc.want) {
+				t.Errorf("log %q, want %q", got, tc.want)
+			}
+			if strings.Contains(got, "raft debug") != tc.wantDebug {
+				t.Errorf("log %q: debug line shown %v, want %v", got, !tc.wantDebug, tc.wantDebug)
+			}
+		})
+	}
+}
