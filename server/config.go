@@ -345,7 +345,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.LeaderLeaseTimeout, "raft-leader-lease-timeout", c.LeaderLeaseTimeout, "Raft leader lease timeout (< heartbeat timeout)")
 	fs.DurationVar(&c.SnapshotInterval, "snapshot-interval", c.SnapshotInterval, "how often Raft checks whether to snapshot")
 	fs.Uint64Var(&c.SnapshotThreshold, "snapshot-threshold", c.SnapshotThreshold, "log entries since the last snapshot that trigger one")
-	fs.StringVar(&c.RaftLogLevel, "raft-log-level", c.RaftLogLevel, "Raft log level: trace, debug, info, warn, error, off")
+	fs.StringVar(&c.RaftLogLevel, "raft-log-level", c.RaftLogLevel, "Raft log level: trace, debug, info, warn, error, off (default: follow --log-level)")
 	fs.BoolVar(&c.NoSync, "unsafe-no-fsync", c.NoSync, "do not fsync the Raft log (tests and benchmarks only: a crash can lose acknowledged grants and reissue fences)")
 	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "serve net/http/pprof under /debug/pprof/ on the API port")
 	// Lock-table safety settings.

@@ -165,7 +165,7 @@ func TestServer_JSONOverHTTP(t *testing.T) {
 	}
 	b, _ = io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{"dlockd_raft_state 2", "dlockd_held_leases 0", "dlockd_waiters 0", "dlockd_raft_apply_seconds_count", `dlockd_requests_total{code="FailedPrecondition",method="http:acquire"} 1`} {
+	for _, want := range []string{`dlockd_raft_state{state="leader"} 1`, "dlockd_held_leases 0", "dlockd_waiters 0", "dlockd_raft_apply_seconds_count", `dlockd_requests_total{code="FailedPrecondition",method="Acquire",transport="http"} 1`} {
 		if !bytes.Contains(b, []byte(want)) {
 			t.Errorf("/metrics lacks %q", want)
 		}
