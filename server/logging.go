@@ -39,6 +39,10 @@ import (
 	"github.com/hashicorp/go-hclog"
 )
 
+// maxEventLines is the most lines logEvents writes for one applied batch;
+// a larger batch gets one summary line.
+const maxEventLines = 32
+
 // logEvents logs the lock-table changes an operator cares about, at info: a
 // key handed to a queued waiter (a grant after contention) and a grant that
 // ended otherwise than by its holder's release. It runs on the FSM goroutine
@@ -46,6 +50,25 @@ import (
 func (s *Server) logEvents(evs []event) {
 	ctx := context.Background()
 	if !s.log.Enabled(ctx, slog.LevelInfo) {
+		return
+	}
+	if len(evs) > maxEventLines {
+		// A burst (a batch of up to 1,024 expiries after a pause, a purge)
+		// is summarised, so the FSM goroutine does not write a line each.
+		var handed, expired, other int
+		for i := range evs {
+			switch ev := &evs[i]; {
+			case ev.kind == evGranted && ev.handoff:
+				handed++
+			case ev.kind == evRemoved && ev.reason == reasonExpired:
+				expired++
+			case ev.kind == evRemoved && ev.reason != reasonReleased && ev.reason != reasonCancelled:
+				other++
+			}
+		}
+		s.log.LogAttrs(ctx, slog.LevelInfo, "dlockd: lock table burst",
+			slog.Int("events", len(evs)), slog.Int("handed_to_waiters", handed),
+			slog.Int("expired", expired), slog.Int("forced_or_unclaimed", other))
 		return
 	}
 	for i := range evs {
