@@ -17,6 +17,7 @@ type lease struct {
 	owner    string // "" for a lock-delay
 	fence    uint64
 	ttl      time.Duration // a lock-delay: the delay
+	restart  time.Duration // what a restarted countdown runs with: the grant's longest TTL
 	version  uint64        // the FSM version this countdown runs for
 	deadline int64         // nanoseconds since leaseClock.epoch (monotonic)
 	claimBy  int64         // a handed-over grant not claimed yet: its claim deadline; 0 otherwise
@@ -124,7 +125,7 @@ func (c *leaseClock) apply(evs []event) {
 		ev := &evs[i]
 		switch ev.kind {
 		case evGranted:
-			l := &lease{key: ev.key, owner: ev.owner, fence: ev.fence, ttl: ev.ttl, version: ev.version, deadline: now + int64(ev.ttl)}
+			l := &lease{key: ev.key, owner: ev.owner, fence: ev.fence, ttl: ev.ttl, restart: max(ev.restartTTL, ev.ttl), version: ev.version, deadline: now + int64(ev.ttl)}
 			if ev.handoff && c.claimWindow > 0 {
 				l.claimBy = now + int64(c.claimWindow)
 			}
@@ -137,11 +138,14 @@ func (c *leaseClock) apply(evs []event) {
 			// A TTL change or a retried acquire by the holder, through the
 			// log: the countdown restarts with the entry's version, which
 			// makes any expiry proposed for an older version stale. The
-			// holder asked, so a pending claim is made too.
+			// holder asked, so a pending claim is made too. A deadline
+			// never moves earlier: a shorter TTL must not bring forward an
+			// end already acknowledged.
 			if l := c.byKey[ev.key]; l != nil && !l.delay && l.owner == ev.owner {
 				l.ttl = ev.ttl
+				l.restart = max(ev.restartTTL, ev.ttl)
 				l.version = ev.version
-				l.deadline = now + int64(ev.ttl)
+				l.deadline = max(l.deadline, now+int64(ev.ttl))
 				l.claimBy = 0
 				l.expiring = false
 				c.fix(l)
@@ -166,7 +170,8 @@ func (c *leaseClock) reset(state []event) {
 	c.byKey = make(map[string]*lease, len(state))
 	c.heap = make(leaseHeap, 0, len(state))
 	for _, ev := range state {
-		l := &lease{key: ev.key, owner: ev.owner, fence: ev.fence, ttl: ev.ttl, version: ev.version, deadline: now + int64(ev.ttl), idx: int32(len(c.heap)), delay: ev.kind == evDelayed}
+		restart := max(ev.restartTTL, ev.ttl)
+		l := &lease{key: ev.key, owner: ev.owner, fence: ev.fence, ttl: ev.ttl, restart: restart, version: ev.version, deadline: now + int64(restart), idx: int32(len(c.heap)), delay: ev.kind == evDelayed}
 		c.byKey[ev.key] = l
 		c.heap = append(c.heap, l)
 	}
@@ -184,7 +189,7 @@ func (c *leaseClock) restartAll() {
 	c.mu.Lock()
 	c.heap = c.heap[:0]
 	for _, l := range c.byKey {
-		l.deadline = now + int64(l.ttl)
+		l.deadline = now + int64(max(l.restart, l.ttl))
 		l.claimBy = 0
 		l.expiring = false
 		l.idx = int32(len(c.heap))
@@ -218,7 +223,7 @@ func (c *leaseClock) renew(key, owner string, ttl time.Duration, t time.Time) re
 	if ttl != 0 && ttl != l.ttl {
 		return renewNeedsLog
 	}
-	l.deadline = now + int64(l.ttl)
+	l.deadline = max(l.deadline, now+int64(l.ttl)) // never earlier than an end already acknowledged
 	l.claimBy = 0
 	c.fix(l)
 	return renewOK

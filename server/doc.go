@@ -48,6 +48,13 @@
 // still in flight and then ended the grant the holder had just been told was
 // renewed. The same holds for the release of an unclaimed handover.
 //
+// A deadline never moves earlier. A renewal, TTL change or retry with a
+// shorter TTL keeps the end already acknowledged (the countdown runs to the
+// later of the two), and the grant remembers its longest TTL, with which a
+// new leader restarts it: otherwise a client whose shortening renewal went
+// unanswered, or that had two renewals in flight, would still rely on an end
+// the server had moved forward.
+//
 // A repeated Acquire by the current owner (a retry whose answer was lost)
 // renews the grant through the log with the TTL it asks for and answers that
 // TTL: the server never answers a grant it will not honour.

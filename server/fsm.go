@@ -216,6 +216,10 @@ type grant struct {
 	ttl       time.Duration
 	lockDelay time.Duration // the key's lock-delay after a loss of this grant
 	version   uint64        // index of the entry that last set the countdown (grant, TTL change, retry)
+	// restartTTL is the longest TTL the grant ever had: a new leader
+	// restarts the countdown with it, so a renewal that shortened the TTL
+	// never brings an end the holder was acknowledged before.
+	restartTTL time.Duration
 }
 
 // waiter is one queue entry.
@@ -356,9 +360,12 @@ type event struct {
 	holder  string
 	fence   uint64
 	ttl     time.Duration
-	version uint64
-	handoff bool // evGranted: granted to a queued waiter (it must claim the grant)
-	reason  removeReason
+	// restartTTL: evGranted, evTTL: the TTL a restarted countdown runs
+	// with (the grant's longest; see grant.restartTTL).
+	restartTTL time.Duration
+	version    uint64
+	handoff    bool // evGranted: granted to a queued waiter (it must claim the grant)
+	reason     removeReason
 }
 
 // observer hears of every change of the lock table, in log order, from the
@@ -549,8 +556,9 @@ func (f *fsm) apply(idx uint64, c *command, evs []event) (applyResult, []event) 
 // earlier version become stale.
 func (f *fsm) restartGrant(idx uint64, key string, e *lockEntry, ttl time.Duration, evs []event) []event {
 	e.grant.ttl = ttl
+	e.grant.restartTTL = max(e.grant.restartTTL, ttl)
 	e.grant.version = idx
-	return append(evs, event{kind: evTTL, key: key, owner: e.grant.owner, session: e.grant.session, fence: e.grant.fence, ttl: ttl, version: idx})
+	return append(evs, event{kind: evTTL, key: key, owner: e.grant.owner, session: e.grant.session, fence: e.grant.fence, ttl: ttl, restartTTL: e.grant.restartTTL, version: idx})
 }
 
 func (f *fsm) acquire(idx uint64, c *command, evs []event) (applyResult, []event) {
@@ -599,8 +607,8 @@ func (f *fsm) acquire(idx uint64, c *command, evs []event) (applyResult, []event
 func (f *fsm) setGrant(idx uint64, key string, e *lockEntry, w waiter, handoff bool, evs []event) []event {
 	e.held = true
 	e.delay, e.delayVersion = 0, 0
-	e.grant = grant{owner: w.owner, holder: w.holder, session: w.session, fence: idx, ttl: w.ttl, lockDelay: w.lockDelay, version: idx}
-	return append(evs, event{kind: evGranted, key: key, owner: w.owner, session: w.session, holder: w.holder, fence: idx, ttl: w.ttl, version: idx, handoff: handoff})
+	e.grant = grant{owner: w.owner, holder: w.holder, session: w.session, fence: idx, ttl: w.ttl, restartTTL: w.ttl, lockDelay: w.lockDelay, version: idx}
+	return append(evs, event{kind: evGranted, key: key, owner: w.owner, session: w.session, holder: w.holder, fence: idx, ttl: w.ttl, restartTTL: w.ttl, version: idx, handoff: handoff})
 }
 
 // endGrant ends the grant of e. After a loss without a release (expiry,
@@ -752,7 +760,7 @@ func stateLocked(locks map[string]*lockEntry) []event {
 	for k, e := range locks {
 		if e.held {
 			g := &e.grant
-			out = append(out, event{kind: evGranted, key: k, owner: g.owner, session: g.session, holder: g.holder, fence: g.fence, ttl: g.ttl, version: g.version})
+			out = append(out, event{kind: evGranted, key: k, owner: g.owner, session: g.session, holder: g.holder, fence: g.fence, ttl: g.ttl, restartTTL: g.restartTTL, version: g.version})
 		} else {
 			out = append(out, event{kind: evDelayed, key: k, ttl: e.delay, version: e.delayVersion})
 		}
@@ -858,6 +866,7 @@ func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 		e.dur(en.grant.ttl)
 		e.dur(en.grant.lockDelay)
 		e.u64(en.grant.version)
+		e.dur(en.grant.restartTTL)
 		e.dur(en.delay)
 		e.u64(en.delayVersion)
 		e.u64(uint64(len(en.waiters)))
@@ -948,10 +957,12 @@ func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, wa
 		if v2 {
 			e.grant.lockDelay = d.dur()
 			e.grant.version = d.u64()
+			e.grant.restartTTL = d.dur()
 			e.delay = d.dur()
 			e.delayVersion = d.u64()
 		} else {
 			e.grant.version = e.grant.fence
+			e.grant.restartTTL = e.grant.ttl
 		}
 		if !e.held && e.delayVersion == 0 {
 			return nil, strs, 0, 0, errCorrupt

@@ -443,3 +443,33 @@ func TestLeaseClock_LockDelay(t *testing.T) {
 		t.Fatal("delay countdown kept after its end")
 	}
 }
+
+// TestLeaseClock_ShorterTTLNeverBringsEndForward: a renewal or TTL change
+// to a shorter TTL keeps the end already acknowledged, in memory and after
+// a new term (which restarts with the grant's longest TTL).
+func TestLeaseClock_ShorterTTLNeverBringsEndForward(t *testing.T) {
+	h := newFSMHarness(t)
+	c := acq("k", "a", false)
+	c.ttl = 400 * time.Millisecond
+	h.apply(c)
+	h.apply(command{op: opSetTTL, key: "k", owner: "a", ttl: 100 * time.Millisecond})
+	if v, _ := h.f.get("k"); v.grant.ttl != 100*time.Millisecond || v.grant.restartTTL != 400*time.Millisecond {
+		t.Fatalf("after shortening: ttl %v restart %v, want 100ms and 400ms", v.grant.ttl, v.grant.restartTTL)
+	}
+
+	now := time.Unix(1000, 0)
+	clk := newLeaseClock(func() time.Time { return now }, 0)
+	clk.apply([]event{{kind: evGranted, key: "k", owner: "a", fence: 1, version: 1, ttl: 400 * time.Millisecond, restartTTL: 400 * time.Millisecond}})
+	now = now.Add(50 * time.Millisecond)
+	clk.apply([]event{{kind: evTTL, key: "k", owner: "a", fence: 1, version: 2, ttl: 100 * time.Millisecond, restartTTL: 400 * time.Millisecond}})
+	if got := clk.renew("k", "a", 0, now.Add(10*time.Millisecond)); got != renewOK {
+		t.Fatalf("renew = %v", got)
+	}
+	if fs, next := clk.takeExpired(now.Add(300*time.Millisecond), 10); len(fs) != 0 || next.Before(time.Unix(1000, 0).Add(400*time.Millisecond)) {
+		t.Fatalf("the shorter TTL brought the end forward: fired %+v, next %v", fs, next)
+	}
+	clk.restartAll()
+	if fs, _ := clk.takeExpired(now.Add(350*time.Millisecond), 10); len(fs) != 0 {
+		t.Fatalf("a new term restarted with the shorter TTL: %+v", fs)
+	}
+}
