@@ -1,7 +1,7 @@
 // Package historytest records histories of lock operations as clients saw
 // them and checks them, exactly, against the safety property "an
 // acknowledged lease is never taken early". Its tests drive a real dlockd
-// through delaying, reordering TCP proxies (servertest.Proxy); the recorder
+// through delaying, reordering TCP proxies (netproxy.Proxy); the recorder
 // and the checker are exported so that cluster tests can check their own
 // histories ("partition these nodes, pause that one, check this history").
 //

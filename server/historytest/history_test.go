@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/dlock-dev/dlock/internal/netproxy"
 	dlockv1 "github.com/dlock-dev/dlock/proto/dlock/v1"
 	"github.com/dlock-dev/dlock/server/servertest"
 )
@@ -355,9 +356,9 @@ func TestHistory_RandomLeasesNeverTakenEarly(t *testing.T) {
 	dur := historyDuration(t)
 	sd := seed(t)
 	srv := startServer(t)
-	proxy := servertest.StartProxy(t, srv.Addr(), sd)
-	proxy.SetDelay(servertest.Upstream, 0, 10*time.Millisecond)
-	proxy.SetDelay(servertest.Downstream, 0, 10*time.Millisecond)
+	proxy := netproxy.Start(t, srv.Addr(), sd)
+	proxy.SetDelay(netproxy.Upstream, 0, 10*time.Millisecond)
+	proxy.SetDelay(netproxy.Downstream, 0, 10*time.Millisecond)
 	t.Logf("seed %d (DLOCK_HISTORY_SEED), %v of history (DLOCK_HISTORY_DURATION), fsync on; %s", sd, dur, proxy)
 
 	rec := NewRecorder()
@@ -392,7 +393,7 @@ func TestHistory_RandomLeasesNeverTakenEarly(t *testing.T) {
 	t.Logf("workload: %d wait streams (%d cancelled by half-close), %d unary waits, %d CancelWait calls, %d overlapping calls, %d retried acquires (%d answered with a new fence), %d grants left to expire",
 		counts.waitStreams.Load(), counts.streamCancels.Load(), counts.unaryWaits.Load(), counts.cancelWaits.Load(),
 		counts.overlapped.Load(), counts.retries.Load(), counts.newFenceOnRetry.Load(), counts.abandoned.Load())
-	t.Logf("proxy: %d connections, %d chunks up, %d chunks down", ps.Conns, ps.Chunks[servertest.Upstream], ps.Chunks[servertest.Downstream])
+	t.Logf("proxy: %d connections, %d chunks up, %d chunks down", ps.Conns, ps.Chunks[netproxy.Upstream], ps.Chunks[netproxy.Downstream])
 	t.Logf("violations: %d%s", len(rep.Violations), byCause(ops, rep.Violations))
 	if err := rep.Err(20); err != nil {
 		t.Error(err)
@@ -651,8 +652,8 @@ func TestHistory_RenewWithNewTTLNearExpiry(t *testing.T) {
 	)
 	sd := seed(t)
 	srv := startServer(t)
-	pa := servertest.StartProxy(t, srv.Addr(), sd) // A's link
-	pb := servertest.StartProxy(t, srv.Addr(), sd) // B's link, no delay
+	pa := netproxy.Start(t, srv.Addr(), sd) // A's link
+	pb := netproxy.Start(t, srv.Addr(), sd) // B's link, no delay
 	rec := NewRecorder()
 	var badArg atomic.Int64
 	ca := &caller{t: t, id: 1, rec: rec, conns: []dlockv1.LockClient{dial(t, pa.Addr())}, rng: rand.New(rand.NewPCG(sd, 1)), badArg: &badArg}
@@ -662,7 +663,7 @@ func TestHistory_RenewWithNewTTLNearExpiry(t *testing.T) {
 	for i := range attempts {
 		key := fmt.Sprintf("renew-race/%d", i)
 		ownerA, ownerB := ca.newOwner(i), cb.newOwner(i)
-		pa.SetDelay(servertest.Upstream, 0, 0)
+		pa.SetDelay(netproxy.Upstream, 0, 0)
 		ga, _ := ca.acquire(ctx, ca.conns[0], key, ownerA, ttl, false, callTimeout, "A")
 		if ga.Outcome != OK {
 			t.Fatalf("attempt %d: A's acquire of a free key: %s", i, &ga)
@@ -675,7 +676,7 @@ func TestHistory_RenewWithNewTTLNearExpiry(t *testing.T) {
 			w.close()
 			t.Fatalf("attempt %d: B's wait: want QUEUED first, got %v %v (A's grant must still be valid: %s)", i, e.ev, e.err, &ga)
 		}
-		pa.SetDelay(servertest.Upstream, oneWay, oneWay)
+		pa.SetDelay(netproxy.Upstream, oneWay, oneWay)
 		before := time.Duration(i%6) * time.Millisecond
 		until(ctx, rec, validityOf(&ga, 0)-before)
 		r := ca.renew(ctx, ca.conns[0], key, ownerA, newTTL, fmt.Sprintf("%v before the validity end", before))
@@ -747,11 +748,11 @@ func TestHistory_RetriedAcquireNewTTL(t *testing.T) {
 	)
 	sd := seed(t)
 	srv := startServer(t)
-	pa := servertest.StartProxy(t, srv.Addr(), sd)
-	pb := servertest.StartProxy(t, srv.Addr(), sd+1)
-	for _, p := range []*servertest.Proxy{pa, pb} {
-		p.SetDelay(servertest.Upstream, 0, 2*time.Millisecond)
-		p.SetDelay(servertest.Downstream, 0, 2*time.Millisecond)
+	pa := netproxy.Start(t, srv.Addr(), sd)
+	pb := netproxy.Start(t, srv.Addr(), sd+1)
+	for _, p := range []*netproxy.Proxy{pa, pb} {
+		p.SetDelay(netproxy.Upstream, 0, 2*time.Millisecond)
+		p.SetDelay(netproxy.Downstream, 0, 2*time.Millisecond)
 	}
 	rec := NewRecorder()
 	var badArg atomic.Int64
@@ -838,11 +839,11 @@ func TestHistory_ShorterTTLRenewalKeepsAcknowledgedEnd(t *testing.T) {
 	)
 	sd := seed(t)
 	srv := startServer(t)
-	pa := servertest.StartProxy(t, srv.Addr(), sd)
-	pb := servertest.StartProxy(t, srv.Addr(), sd+1)
-	for _, p := range []*servertest.Proxy{pa, pb} {
-		p.SetDelay(servertest.Upstream, 0, 2*time.Millisecond)
-		p.SetDelay(servertest.Downstream, 0, 2*time.Millisecond)
+	pa := netproxy.Start(t, srv.Addr(), sd)
+	pb := netproxy.Start(t, srv.Addr(), sd+1)
+	for _, p := range []*netproxy.Proxy{pa, pb} {
+		p.SetDelay(netproxy.Upstream, 0, 2*time.Millisecond)
+		p.SetDelay(netproxy.Downstream, 0, 2*time.Millisecond)
 	}
 	rec := NewRecorder()
 	var badArg atomic.Int64

@@ -1,4 +1,4 @@
-package servertest
+package netproxy
 
 import (
 	"bufio"
@@ -17,7 +17,7 @@ import (
 // TestMain fails the package when a test leaves a goroutine behind (a
 // proxy or server that was not closed).
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { Cleanup() }))
+	goleak.VerifyTestMain(m)
 }
 
 // echoServer accepts connections on a loopback port and echoes every byte
@@ -91,7 +91,7 @@ func roundTrip(t *testing.T, c net.Conn, msg []byte) time.Duration {
 }
 
 func TestProxy_Forwards(t *testing.T) {
-	p := StartProxy(t, echoServer(t), 1)
+	p := Start(t, echoServer(t), 1)
 	c := dialProxy(t, p)
 	roundTrip(t, c, []byte("hello"))
 	big := bytes.Repeat([]byte("0123456789abcdef"), 64<<10) // 1 MiB: many chunks
@@ -103,7 +103,7 @@ func TestProxy_Forwards(t *testing.T) {
 }
 
 func TestProxy_DelaysEachDirection(t *testing.T) {
-	p := StartProxy(t, echoServer(t), 2)
+	p := Start(t, echoServer(t), 2)
 	c := dialProxy(t, p)
 	if d := roundTrip(t, c, []byte("x")); d >= 40*time.Millisecond {
 		t.Logf("undelayed round trip took %v (a loaded machine?)", d)
@@ -127,7 +127,7 @@ func TestProxy_DelaysEachDirection(t *testing.T) {
 // TestProxy_KeepsOrderWithinConnection: random delays never reorder the
 // bytes of one connection.
 func TestProxy_KeepsOrderWithinConnection(t *testing.T) {
-	p := StartProxy(t, echoServer(t), 3)
+	p := Start(t, echoServer(t), 3)
 	p.SetDelay(Upstream, 0, 3*time.Millisecond)
 	p.SetDelay(Downstream, 0, 3*time.Millisecond)
 	c := dialProxy(t, p)
@@ -207,7 +207,7 @@ func TestProxy_ReordersAcrossConnections(t *testing.T) {
 			}()
 		}
 	}()
-	p := StartProxy(t, ln.Addr().String(), 4)
+	p := Start(t, ln.Addr().String(), 4)
 	p.SetDelay(Upstream, 0, 10*time.Millisecond)
 	a, b := dialProxy(t, p), dialProxy(t, p)
 	reordered := 0
@@ -236,7 +236,7 @@ func TestProxy_ReordersAcrossConnections(t *testing.T) {
 // TestProxy_HoldAndRelease: nothing is delivered while held; everything is,
 // in order, after Release.
 func TestProxy_HoldAndRelease(t *testing.T) {
-	p := StartProxy(t, echoServer(t), 5)
+	p := Start(t, echoServer(t), 5)
 	c := dialProxy(t, p)
 	roundTrip(t, c, []byte("before"))
 	p.Hold()
@@ -271,7 +271,7 @@ func isTimeout(err error) bool {
 
 // TestProxy_Cut closes open connections; new ones work.
 func TestProxy_Cut(t *testing.T) {
-	p := StartProxy(t, echoServer(t), 6)
+	p := Start(t, echoServer(t), 6)
 	c := dialProxy(t, p)
 	roundTrip(t, c, []byte("x"))
 	if n := p.Cut(); n != 1 {
@@ -290,7 +290,7 @@ func TestProxy_Cut(t *testing.T) {
 // TestProxy_CloseWhileHeld: Close ends every goroutine even with bytes
 // held (goleak checks in TestMain).
 func TestProxy_CloseWhileHeld(t *testing.T) {
-	p, err := NewProxy(echoServer(t), 7)
+	p, err := New(echoServer(t), 7)
 	if err != nil {
 		t.Fatal(err)
 	}

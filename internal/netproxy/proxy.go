@@ -1,4 +1,9 @@
-package servertest
+// Package netproxy is a TCP proxy for fault tests: it delays each
+// direction by a random amount, holds all traffic (a blackhole) and
+// releases it in order, and cuts connections, so that tests can put any
+// client-server or node-node link under a fault. It listens on 127.0.0.1
+// only; hashicorp/raft's Partition and Jepsen's nemeses are its models.
+package netproxy
 
 import (
 	"errors"
@@ -84,13 +89,13 @@ type ProxyStats struct {
 	Cut int
 }
 
-// NewProxy starts a proxy on a free loopback port in front of target
+// New starts a proxy on a free loopback port in front of target
 // (host:port) with no delay. seed seeds the random delays, so that a
 // failing run's plan can be logged and replayed. Close stops it.
-func NewProxy(target string, seed uint64) (*Proxy, error) {
+func New(target string, seed uint64) (*Proxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, fmt.Errorf("servertest: proxy listen: %w", err)
+		return nil, fmt.Errorf("netproxy: proxy listen: %w", err)
 	}
 	p := &Proxy{
 		target: target, ln: ln,
@@ -102,11 +107,11 @@ func NewProxy(target string, seed uint64) (*Proxy, error) {
 	return p, nil
 }
 
-// StartProxy is NewProxy for a test: it fails the test when the proxy
+// Start is New for a test: it fails the test when the proxy
 // cannot start and closes the proxy when the test ends.
-func StartProxy(t testing.TB, target string, seed uint64) *Proxy {
+func Start(t testing.TB, target string, seed uint64) *Proxy {
 	t.Helper()
-	p, err := NewProxy(target, seed)
+	p, err := New(target, seed)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +131,7 @@ func (p *Proxy) Target() string { return p.target }
 // It panics when lo < 0 or hi < lo.
 func (p *Proxy) SetDelay(dir Direction, lo, hi time.Duration) {
 	if lo < 0 || hi < lo || (dir != Upstream && dir != Downstream) {
-		panic(fmt.Sprintf("servertest: proxy SetDelay(%v, %v, %v): want a direction and 0 <= min <= max", dir, lo, hi))
+		panic(fmt.Sprintf("netproxy: proxy SetDelay(%v, %v, %v): want a direction and 0 <= min <= max", dir, lo, hi))
 	}
 	p.mu.Lock()
 	p.delay[dir] = [2]time.Duration{lo, hi}
