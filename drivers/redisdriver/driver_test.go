@@ -94,10 +94,14 @@ func TestKeys_EscapingIsInjectiveAndTagged(t *testing.T) {
 	seen := map[string]string{}
 	for _, k := range trickyKeys {
 		lock, fence, channel := d.keys(k)
-		for _, rk := range []string{lock, fence, channel} {
+		for _, rk := range []string{lock, channel, d.legacyFenceKey(k)} {
 			if got := hashTag(rk); got != escape(k) {
 				t.Errorf("key %q: Redis name %q has hash tag %q, want %q", k, rk, got, escape(k))
 			}
+		}
+		// The shared counter has its own tag, in the lock's slot.
+		if slot(hashTag(fence)) != slot(hashTag(lock)) || !strings.HasSuffix(fence, "}:fences") {
+			t.Errorf("key %q: counter %q (slot %d) not in the slot of %q (%d)", k, fence, slot(hashTag(fence)), lock, slot(hashTag(lock)))
 		}
 		if !strings.HasPrefix(lock, "dlock:{") {
 			t.Errorf("key %q: lock %q is not under the default prefix", k, lock)
@@ -113,8 +117,8 @@ func TestKeys_EscapingIsInjectiveAndTagged(t *testing.T) {
 	// A prefix with braces is escaped too, so the tag stays the key's.
 	p := New(nil, &Options{Prefix: "app{1}"})
 	lock, fence, _ := p.keys("k{")
-	if hashTag(lock) != "k%7B" || hashTag(fence) != "k%7B" {
-		t.Errorf("prefix app{1}: lock %q fence %q, want hash tag k%%7B", lock, fence)
+	if hashTag(lock) != "k%7B" || slot(hashTag(fence)) != slot("k%7B") || !strings.HasPrefix(fence, "app%7B1%7D:{") {
+		t.Errorf("prefix app{1}: lock %q fence %q, want hash tag k%%7B and its slot", lock, fence)
 	}
 	if _, ok := p.keyOfLock(lock); !ok {
 		t.Errorf("keyOfLock(%q) rejected its own lock name", lock)
@@ -146,7 +150,7 @@ func TestDriver_FenceStrictlyIncreasing(t *testing.T) {
 	if f := acquire(t, b, key, "after-expiry", time.Second); f <= last+1 {
 		t.Fatalf("fence after expiry %d, want > %d", f, last+1)
 	}
-	// Other keys have their own counters.
+	// A key whose slot's counter was never used starts at 1.
 	if f := acquire(t, a, "fence/other", "o", time.Second); f != 1 {
 		t.Fatalf("first fence of a new key = %d, want 1", f)
 	}
@@ -245,18 +249,21 @@ func TestKeys_TrickyKeysOnRedis(t *testing.T) {
 	for i, k := range trickyKeys {
 		fences[k] = acquire(t, d, k, fmt.Sprintf("owner%d", i), 10*time.Second)
 	}
-	// Distinct names never share a grant: every key got its own first fence.
+	// Distinct names never share a grant: one hash per name, and one
+	// shared counter per hash slot used, nothing else.
+	counters := map[string]bool{}
 	for k, f := range fences {
-		if f != 1 {
-			t.Errorf("key %q: fence %d, want 1 (its own counter)", k, f)
+		if f == 0 {
+			t.Errorf("key %q: fence 0", k)
 		}
+		_, fence, _ := d.keys(k)
+		counters[fence] = true
 	}
-	// Two keys per name (hash and counter), nothing else.
 	n, err := c.DBSize(ctx).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := int64(2 * len(trickyKeys)); n != want {
+	if want := int64(len(trickyKeys) + len(counters)); n != want {
 		t.Errorf("DBSIZE = %d, want %d", n, want)
 	}
 	for i, k := range trickyKeys {
@@ -308,7 +315,8 @@ func TestDriver_PrefixKeepsApplicationDataApart(t *testing.T) {
 			t.Fatalf("application key %q = %q, %v", k, v, err)
 		}
 	}
-	if n, err := c.Exists(ctx, "dlock:{orders}:lock", "dlock:{orders}:fence", "other%7Bns%7D:{orders}:lock").Result(); err != nil || n != 3 {
+	_, counter, _ := d.keys("orders")
+	if n, err := c.Exists(ctx, "dlock:{orders}:lock", counter, "other%7Bns%7D:{orders}:lock").Result(); err != nil || n != 3 {
 		t.Fatalf("EXISTS of the namespaced keys = %d, %v; want 3", n, err)
 	}
 	if err := d.Release(ctx, "orders", "o1"); err != nil {
@@ -673,8 +681,9 @@ func TestDriver_ClusterClient(t *testing.T) {
 		lock, fence, _ := d.keys(k)
 		s1, err1 := cc.ClusterKeySlot(ctx, lock).Result()
 		s2, err2 := cc.ClusterKeySlot(ctx, fence).Result()
-		if err1 != nil || err2 != nil || s1 != s2 {
-			t.Fatalf("key %q: slots %d (%v) and %d (%v)", k, s1, err1, s2, err2)
+		s3, err3 := cc.ClusterKeySlot(ctx, d.legacyFenceKey(k)).Result()
+		if err1 != nil || err2 != nil || err3 != nil || s1 != s2 || s1 != s3 || s1 != int64(slot(escape(k))) {
+			t.Fatalf("key %q: slots %d (%v), %d (%v) and %d (%v); computed %d", k, s1, err1, s2, err2, s3, err3, slot(escape(k)))
 		}
 		owner := fmt.Sprintf("o%d", i)
 		acquire(t, d, k, owner, 5*time.Second)
@@ -723,12 +732,21 @@ func TestDriver_Ring(t *testing.T) {
 		keys = append(keys, k)
 		acquire(t, d, k, "o", 10*time.Second)
 	}
-	// Both shards hold locks, and each lock's keys are on one shard.
+	// Both shards hold locks, and each lock's fence counter is on its
+	// lock's shard (the script runs on the shard of its first key).
 	for _, r := range rs {
 		c := newClient(t, r)
 		size, err := c.DBSize(ctx).Result()
-		if err != nil || size == 0 || size%2 != 0 {
-			t.Fatalf("shard %s: DBSIZE %d, %v; want an even number > 0", r.Addr(), size, err)
+		if err != nil || size == 0 {
+			t.Fatalf("shard %s: DBSIZE %d, %v; want > 0", r.Addr(), size, err)
+		}
+		for _, k := range keys {
+			lock, fence, _ := d.keys(k)
+			held, err1 := c.Exists(ctx, lock).Result()
+			counted, err2 := c.Exists(ctx, fence).Result()
+			if err1 != nil || err2 != nil || held == 1 && counted != 1 {
+				t.Fatalf("shard %s holds %q (%d, %v) without its counter %q (%d, %v)", r.Addr(), lock, held, err1, fence, counted, err2)
+			}
 		}
 	}
 	infos, err := d.List(ctx, "ring/")

@@ -19,21 +19,60 @@
 //   - TryAcquire creates the lock hash only if it does not exist, with the
 //     owner token, holder description and TTL, expiring after the TTL (the
 //     SET NX PX pattern); only when it created the hash does it INCR the
-//     key's fence counter and store the new value as the grant's fence. A
-//     repeated attempt by the same owner token returns the same grant.
+//     fence counter of the key's hash slot and store the new value as the
+//     grant's fence. A repeated attempt by the same owner token returns the
+//     same grant.
 //   - Renew resets the expiry (PEXPIRE) only while the hash still holds the
 //     caller's owner token; otherwise it returns driver.ErrLeaseLost.
 //   - Release deletes the hash only while it holds the caller's owner token
 //     (never a bare DEL), then PUBLISHes a release hint; otherwise it
 //     returns driver.ErrLeaseLost and changes nothing.
 //
-// A lock name K under the prefix P lives in the keys "P:{K}:lock" (the hash)
-// and "P:{K}:fence" (the counter), with '%', '{' and '}' percent-escaped in
-// K and P. The hash tag {K} puts both keys in one Cluster slot, so the
-// scripts work on Redis Cluster, and any lock name (slashes, spaces, colons,
-// braces, emoji, up to 512 bytes) maps to its own keys. The fence counter
-// has no expiry: it costs one small key per lock name ever used, and it is
-// what keeps fences increasing after a lock expires.
+// A lock name K under the prefix P lives in the key "P:{K}:lock" (the hash),
+// with '%', '{' and '}' percent-escaped in K and P, so any lock name
+// (slashes, spaces, colons, braces, emoji, up to 512 bytes) maps to its own
+// key, and the hash tag {K} decides its Redis Cluster slot.
+//
+// # Fence counters
+//
+// Fences come from a fixed set of shared counters, one per Redis Cluster
+// hash slot (FenceCounters, 16384): the lock K draws its fences from the
+// counter of slot(K), named "P:{T}:fences" where T is a short tag that
+// Redis Cluster hashes to the same slot, so one script takes the lock and
+// raises its counter on a single node or a cluster alike. A counter never
+// expires and only ever grows, so the fences of every key are strictly
+// increasing across releases and expiries, and the number of counter keys
+// is bounded by 16384 (about 1.3 MB of memory; on a Ring, per shard) however
+// many lock names are ever used. (A per-key counter with no expiry would
+// leave one key per lock name forever, millions a year for a nightly
+// per-merchant lock; a per-key counter that expired would let fences go
+// back.) The price: the fences of keys that share a slot interleave (lock A
+// may get 7 and lock B 8), so a key's fences grow faster than its own grant
+// count and are not consecutive; a fence is only ever compared with other
+// fences of the same key, so nothing else changes. The count is the slot
+// count, not a smaller one, because a counter must share its lock's slot
+// and lock names keep the layout of earlier versions (so clients of both
+// versions exclude each other during an upgrade).
+//
+// Upgrading from the per-key counters "P:{K}:fence" of earlier versions:
+// the acquire script, when the key's old counter exists, first raises the
+// shared counter to max(old counter, shared counter), deletes the old
+// counter, then INCRs the shared counter, all in one atomic script (the old
+// counter has K's hash tag, so it is in the same slot). No fence ever goes
+// back, and keys in use lose their old counters as they are next acquired.
+// The old counters of keys that are not acquired again stay until an
+// operator calls MigrateFenceCounters, which folds each remaining old
+// counter into its shared counter and deletes it the same way; it is safe
+// while clients acquire, and to run more than once.
+//
+// During a roll-out, clients of both versions exclude each other (the lock
+// hash is where it always was), but their fences do not mix: once a new
+// client has folded and deleted K's old counter, an old client acquiring K
+// INCRs that counter from 1 again, so its fence is lower than fences
+// already issued for K (a resource that checks fences refuses it with
+// ErrStaleFence: safe, but the old client's work fails). Where fences
+// matter, stop the old clients of a prefix before starting new ones, and
+// run MigrateFenceCounters once no old client is left.
 //
 // # Capabilities
 //
@@ -76,7 +115,8 @@
 //     that is slewed, not stepped.
 //   - Evictions: under maxmemory with an allkeys-* eviction policy, Redis may
 //     evict a lock hash (a second grant) or a fence counter (repeated
-//     fences). Use noeviction or a volatile-* policy (counters have no TTL).
+//     fences, for every key of that slot). Use noeviction or a volatile-*
+//     policy (counters have no TTL).
 //
 // Redlock (N independent masters and a majority, redlock://) is a separate
 // driver with its own, different, assumptions.
@@ -131,8 +171,8 @@ type Options struct {
 	// Prefix namespaces every Redis key and channel the driver uses, so lock
 	// names never collide with an application's own keys, nor with other
 	// dlock users sharing the database: a lock named K uses "Prefix:{K}:lock"
-	// and "Prefix:{K}:fence". Drivers that share locks must use the same
-	// prefix. Zero value: DefaultPrefix ("dlock").
+	// and its slot's fence counter "Prefix:{T}:fences". Drivers that share
+	// locks must use the same prefix. Zero value: DefaultPrefix ("dlock").
 	Prefix string
 
 	// ReleaseHints makes Release publish a hint on the key's channel and
@@ -237,10 +277,13 @@ func OpenURL(ctx context.Context, u *url.URL) (*Driver, error) {
 	return d, nil
 }
 
-// The scripts. KEYS[1] is the lock hash and KEYS[2] (acquire only) the fence
-// counter; both carry the same hash tag.
+// The scripts. KEYS[1] is the lock hash; for acquire, KEYS[2] is the shared
+// fence counter of its slot and KEYS[3] its legacy per-key counter. All the
+// keys of one call are in one Cluster slot.
 var (
 	// ARGV: owner, ttl in ms, holder. Returns the fence, or 0 when held.
+	// A legacy counter is folded into the shared one (max) and deleted
+	// before the INCR, so no fence goes back after an upgrade.
 	acquireScript = redis.NewScript(`
 local cur = redis.call('HGET', KEYS[1], 'owner')
 if cur then
@@ -250,6 +293,13 @@ if cur then
     return tonumber(redis.call('HGET', KEYS[1], 'fence'))
   end
   return 0
+end
+local old = redis.call('GET', KEYS[3])
+if old then
+  if tonumber(old) > tonumber(redis.call('GET', KEYS[2]) or '0') then
+    redis.call('SET', KEYS[2], old)
+  end
+  redis.call('DEL', KEYS[3])
 end
 local fence = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', fence, 'holder', ARGV[3], 'ttl', ARGV[2])
@@ -276,6 +326,20 @@ if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
 end
 return 0
 `)
+	// KEYS[1] is a legacy per-key counter, KEYS[2] the shared counter of
+	// its slot. Folds the first into the second (max) and deletes it.
+	// Returns 1, or 0 when the legacy counter was already gone.
+	foldScript = redis.NewScript(`
+local old = redis.call('GET', KEYS[1])
+if not old then
+  return 0
+end
+if tonumber(old) > tonumber(redis.call('GET', KEYS[2]) or '0') then
+  redis.call('SET', KEYS[2], old)
+end
+redis.call('DEL', KEYS[1])
+return 1
+`)
 	// Returns nil when free, else {fence, holder, ttl ms, pttl ms}.
 	inspectScript = redis.NewScript(`
 local v = redis.call('HMGET', KEYS[1], 'owner', 'fence', 'holder', 'ttl')
@@ -295,7 +359,7 @@ func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (dri
 		return driver.Grant{}, err
 	}
 	lock, fence, _ := d.keys(req.Key)
-	n, err := acquireScript.Run(ctx, d.client, []string{lock, fence},
+	n, err := acquireScript.Run(ctx, d.client, []string{lock, fence, d.legacyFenceKey(req.Key)},
 		req.Owner, req.TTL.Milliseconds(), req.Holder).Int64()
 	if err != nil {
 		return driver.Grant{}, storeErr(ctx, "acquire", err)
@@ -417,30 +481,15 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]driver.HolderInfo, 
 		mu    sync.Mutex
 		infos = map[string]driver.HolderInfo{}
 	)
-	scanOne := func(ctx context.Context, c *redis.Client) error {
-		return d.scan(ctx, c, c, prefix, func(info driver.HolderInfo) {
+	scanOne := func(ctx context.Context, s scanner, c Client) error {
+		return d.scan(ctx, s, c, prefix, func(info driver.HolderInfo) {
 			mu.Lock()
 			infos[info.Key] = info
 			mu.Unlock()
 		})
 	}
-	var err error
-	switch c := d.client.(type) {
-	case interface {
-		ForEachMaster(context.Context, func(context.Context, *redis.Client) error) error
-	}:
-		err = c.ForEachMaster(ctx, scanOne)
-	case interface {
-		ForEachShard(context.Context, func(context.Context, *redis.Client) error) error
-	}:
-		err = c.ForEachShard(ctx, scanOne)
-	case scanner:
-		err = d.scan(ctx, c, d.client, prefix, func(info driver.HolderInfo) { infos[info.Key] = info })
-	default:
-		return nil, fmt.Errorf("redisdriver: list: the client cannot SCAN: %w", errors.ErrUnsupported)
-	}
-	if err != nil {
-		return nil, storeErr(ctx, "list", err)
+	if err := d.forEachNode(ctx, "list", scanOne); err != nil {
+		return nil, err
 	}
 	out := make([]driver.HolderInfo, 0, len(infos))
 	for _, info := range infos {
@@ -448,6 +497,78 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]driver.HolderInfo, 
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out, nil
+}
+
+// forEachNode runs fn on every master of a cluster, every shard of a ring,
+// or the one node of a single-node client, with that node's SCAN and a
+// client that runs scripts there. op names the operation in errors.
+func (d *Driver) forEachNode(ctx context.Context, op string, fn func(context.Context, scanner, Client) error) error {
+	node := func(ctx context.Context, c *redis.Client) error { return fn(ctx, c, c) }
+	var err error
+	switch c := d.client.(type) {
+	case interface {
+		ForEachMaster(context.Context, func(context.Context, *redis.Client) error) error
+	}:
+		err = c.ForEachMaster(ctx, node)
+	case interface {
+		ForEachShard(context.Context, func(context.Context, *redis.Client) error) error
+	}:
+		err = c.ForEachShard(ctx, node)
+	case scanner:
+		err = fn(ctx, c, d.client)
+	default:
+		return fmt.Errorf("redisdriver: %s: the client cannot SCAN: %w", op, errors.ErrUnsupported)
+	}
+	if err != nil {
+		return storeErr(ctx, op, err)
+	}
+	return nil
+}
+
+// MigrateFenceCounters folds every legacy per-key fence counter
+// ("P:{K}:fence", written by versions before the shared counters; see
+// "Fence counters" in the package doc) into the shared counter of its slot,
+// raising that counter to the larger of the two, and deletes it: one atomic
+// script per counter, found by SCAN over the driver's namespace (every
+// master of a cluster, every shard of a ring). Fences of every key keep
+// increasing. It is an operator's one-off clean-up, safe to run while
+// clients acquire and to run again (it then finds nothing), but run it only
+// once every client of the prefix runs a version with shared counters: an
+// older client restarts a deleted per-key counter from 1. It returns the
+// number of counters folded, an error matching errors.ErrUnsupported when
+// the client cannot SCAN, driver.ErrClosed after Close, or the store's
+// error wrapped (the count then says how many were folded before it).
+func (d *Driver) MigrateFenceCounters(ctx context.Context) (int, error) {
+	if err := d.checkOpen(); err != nil {
+		return 0, err
+	}
+	var folded atomic.Int64
+	err := d.forEachNode(ctx, "migrate fence counters", func(ctx context.Context, s scanner, c Client) error {
+		var cursor uint64
+		for {
+			keys, next, err := s.Scan(ctx, cursor, d.legacyFencePattern(), 1000).Result()
+			if err != nil {
+				return err
+			}
+			for _, rk := range keys {
+				key, ok := d.keyOf(rk, legacyFenceSuffix)
+				if !ok {
+					continue
+				}
+				_, shared, _ := d.keys(key)
+				n, err := foldScript.Run(ctx, c, []string{rk, shared}).Int64()
+				if err != nil {
+					return err
+				}
+				folded.Add(n)
+			}
+			if next == 0 {
+				return nil
+			}
+			cursor = next
+		}
+	})
+	return int(folded.Load()), err
 }
 
 // scan lists the lock hashes of one node with s, inspecting each with c.
