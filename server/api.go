@@ -32,8 +32,12 @@ func newGRPCServer(s *Server) *grpc.Server {
 		grpc.MaxRecvMsgSize(s.cfg.MaxRequestBytes),
 		// Static flow-control windows: no BDP ping probing on every
 		// connection, which costs a round of frames per burst of small
-		// messages.
-		grpc.InitialWindowSize(1<<20),
+		// messages. A stream's window is HTTP/2's default, 64 KiB (about
+		// a thousand Session calls): it bounds what a client can push on
+		// a stream the server does not read (a Session stream at
+		// MaxInflightPerStream), to 64 MiB for a connection with 1,024
+		// streams where 1 MiB windows allowed 1 GiB.
+		grpc.InitialWindowSize(65535),
 		grpc.InitialConnWindowSize(1<<20),
 		// A pool of stream workers with grown stacks serves requests
 		// instead of a new goroutine each (measured about 2x the

@@ -1,13 +1,19 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/pprof"
+	"os"
+	"regexp"
 	"strconv"
+	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc/codes"
@@ -49,6 +55,7 @@ func newHTTPHandler(s *Server) http.Handler {
 	mux.Handle("POST /v1/check-fence", unary(s, "check-fence", func() *dlockv1.CheckFenceRequest { return new(dlockv1.CheckFenceRequest) }, a.CheckFence))
 	mux.Handle("POST /v1/inspect", unary(s, "inspect", func() *dlockv1.InspectRequest { return new(dlockv1.InspectRequest) }, a.Inspect))
 	mux.Handle("POST /v1/list", unary(s, "list", func() *dlockv1.ListRequest { return new(dlockv1.ListRequest) }, a.List))
+	mux.Handle("POST /v1/force-release", unary(s, "force-release", func() *dlockv1.ForceReleaseRequest { return new(dlockv1.ForceReleaseRequest) }, a.ForceRelease))
 	mux.HandleFunc("GET /v1/inspect", func(w http.ResponseWriter, r *http.Request) {
 		resp, err := a.Inspect(r.Context(), &dlockv1.InspectRequest{Key: r.URL.Query().Get("key")})
 		s.metrics.countHTTP("inspect", err)
@@ -91,38 +98,169 @@ func newHTTPHandler(s *Server) http.Handler {
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
-	return mux
+	return s.recoverHTTP(mux)
 }
 
-// unary serves one JSON route: decode (bounded by MaxRequestBytes), call,
-// encode.
+// unary serves one JSON route: read the body (bounded by MaxRequestBytes
+// and HTTPBodyTimeout), decode, call, encode. An acquisition with wait
+// counts against MaxWaitingRequests while it runs.
 func unary[Req, Resp proto.Message](s *Server, name string, newReq func() Req, call func(context.Context, Req) (Resp, error)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxRequestBytes)))
-		if err != nil {
-			var tooBig *http.MaxBytesError
-			if errors.As(err, &tooBig) {
-				s.metrics.countHTTP(name, errTooLarge)
-				writeError(w, http.StatusRequestEntityTooLarge, errTooLarge.(*apiError))
-				return
-			}
-			writeReply(w, nil, apiErr(codes.InvalidArgument, ReasonInvalidRequest, "read body: %v", err))
+		callPanicHook(r.Method + " " + r.URL.Path)
+		body, status, berr := readBody(s, w, r)
+		if berr != nil {
+			s.metrics.countHTTP(name, berr)
+			writeError(w, status, berr)
 			return
 		}
 		req := newReq()
 		if len(body) > 0 {
-			if err := protojson.Unmarshal(body, req); err != nil {
-				err = apiErr(codes.InvalidArgument, ReasonInvalidRequest, "malformed JSON request: %v", err)
+			if err := jsonIn.Unmarshal(body, req); err != nil {
+				err = jsonError(body, err)
 				s.metrics.countHTTP(name, err)
 				writeReply(w, nil, err)
 				return
 			}
+		}
+		if ar, ok := any(req).(*dlockv1.AcquireRequest); ok && ar.GetWait() {
+			release, err := s.limits().takeWaiting()
+			if err != nil {
+				s.metrics.countHTTP(name, err)
+				writeReply(w, nil, err)
+				return
+			}
+			defer release()
 		}
 		resp, err := call(r.Context(), req)
 		s.metrics.countHTTP(name, err)
 		writeReply(w, resp, err)
 	})
 }
+
+// readBody reads r's body, at most MaxRequestBytes (else 413
+// REQUEST_TOO_LARGE) within HTTPBodyTimeout (else 408 BODY_TIMEOUT). The
+// read deadline is cleared afterwards so that it never bounds the
+// long-poll wait that may follow. (net/http clears it too when it starts
+// its background read, the one that notices a client going away, at the
+// body's end; this does not rely on it.)
+func readBody(s *Server, w http.ResponseWriter, r *http.Request) (body []byte, status int, err *apiError) {
+	rc := http.NewResponseController(w)
+	// Not every ResponseWriter supports deadlines (httptest's does not):
+	// then the body is read without one.
+	hasDeadline := rc.SetReadDeadline(time.Now().Add(s.cfg.HTTPBodyTimeout)) == nil
+	body, rerr := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxRequestBytes)))
+	if hasDeadline {
+		_ = rc.SetReadDeadline(time.Time{})
+	}
+	if rerr == nil {
+		return body, 0, nil
+	}
+	var tooBig *http.MaxBytesError
+	if errors.As(rerr, &tooBig) {
+		return nil, http.StatusRequestEntityTooLarge, errTooLarge.(*apiError)
+	}
+	if errors.Is(rerr, os.ErrDeadlineExceeded) {
+		s.limits().refused(limitHTTPBodyTimeout, fmt.Sprintf("%s %s from %s: body not received within %v", r.Method, r.URL.Path, r.RemoteAddr, s.cfg.HTTPBodyTimeout))
+		w.Header().Set("Connection", "close")
+		return nil, http.StatusRequestTimeout, &apiError{code: codes.DeadlineExceeded, reason: ReasonBodyTimeout,
+			msg: fmt.Sprintf("request body not received within %v", s.cfg.HTTPBodyTimeout)}
+	}
+	return nil, http.StatusBadRequest, &apiError{code: codes.InvalidArgument, reason: ReasonInvalidRequest, msg: fmt.Sprintf("read body: %v", rerr)}
+}
+
+// jsonIn decodes JSON requests. Unknown fields are ignored, as protobuf's
+// binary decoding (gRPC) ignores unknown fields: a client built against a
+// newer proto keeps working.
+var jsonIn = protojson.UnmarshalOptions{DiscardUnknown: true}
+
+// durationErr matches protojson's complaint about a duration's text.
+var durationErr = regexp.MustCompile(`\(line (\d+):(\d+)\): invalid google\.protobuf\.Duration value ("(?:[^"\\]|\\.)*")`)
+
+// jsonError turns a protojson decoding error of body into INVALID_REQUEST,
+// or INVALID_TTL for a malformed "ttl". A malformed duration gets its
+// format explained: protobuf JSON writes one as a decimal number of
+// seconds with an "s" suffix ("0.001s", "30s", "1.5s"), not as Go's "1ms"
+// or "1m".
+func jsonError(body []byte, err error) error {
+	m := durationErr.FindStringSubmatch(err.Error())
+	if m == nil {
+		return apiErr(codes.InvalidArgument, ReasonInvalidRequest, "malformed JSON request: %v", err)
+	}
+	line, _ := strconv.Atoi(m[1])
+	col, _ := strconv.Atoi(m[2])
+	field := jsonFieldAt(body, line, col)
+	reason, what := ReasonInvalidRequest, "duration"
+	if field != "" {
+		what = fmt.Sprintf("%q", field)
+	}
+	if field == "ttl" {
+		reason = ReasonInvalidTTL
+	}
+	hint := `e.g. "30s" or "0.5s"`
+	if v, uerr := strconv.Unquote(m[3]); uerr == nil {
+		if d, perr := time.ParseDuration(v); perr == nil {
+			hint = fmt.Sprintf("here %q", durationpbJSON(d))
+		}
+	}
+	return apiErr(codes.InvalidArgument, reason,
+		`invalid %s %s (line %s:%s): a protobuf JSON duration is a decimal number of seconds with an "s" suffix, %s`,
+		what, m[3], m[1], m[2], hint)
+}
+
+// durationpbJSON writes d as protobuf JSON does: seconds with up to 9
+// decimals and an "s".
+func durationpbJSON(d time.Duration) string {
+	s := strconv.FormatFloat(d.Seconds(), 'f', -1, 64)
+	return s + "s"
+}
+
+// jsonFieldAt returns the name of the JSON object member whose value starts
+// at line:col of body (1-based; col counts runes, as protojson's positions
+// do), or "" when it cannot tell.
+func jsonFieldAt(body []byte, line, col int) string {
+	off := 0
+	for l := 1; l < line; l++ {
+		i := bytes.IndexByte(body[off:], '\n')
+		if i < 0 {
+			return ""
+		}
+		off += i + 1
+	}
+	for c := 1; c < col && off < len(body); c++ {
+		_, size := utf8.DecodeRune(body[off:])
+		off += size
+	}
+	// Back over blanks, the colon, blanks, then the quoted name.
+	i := off - 1
+	for i >= 0 && isJSONSpace(body[i]) {
+		i--
+	}
+	if i < 0 || body[i] != ':' {
+		return ""
+	}
+	i--
+	for i >= 0 && isJSONSpace(body[i]) {
+		i--
+	}
+	if i < 0 || body[i] != '"' {
+		return ""
+	}
+	end := i
+	i--
+	for i >= 0 && (body[i] != '"' || (i > 0 && body[i-1] == '\\')) {
+		i--
+	}
+	if i < 0 {
+		return ""
+	}
+	name, err := strconv.Unquote(string(body[i : end+1]))
+	if err != nil {
+		return ""
+	}
+	return name
+}
+
+func isJSONSpace(b byte) bool { return b == ' ' || b == '\t' || b == '\n' || b == '\r' }
 
 var errTooLarge = apiErr(codes.ResourceExhausted, ReasonTooLarge, "request body too large")
 

@@ -55,8 +55,18 @@ func (r *waitRegistry) notify(ko keyOwner, fence uint64) {
 	}
 }
 
-// subscriber is one Watch stream.
-type subscriber struct{ ch chan event }
+// subscriber is one Watch stream. Its loss events wait in queue, under the
+// hub's mutex, until the stream's goroutine takes them: the queue is
+// allocated only when events arrive and grows up to max events. One more
+// event sets overflow instead of being dropped in silence, and the stream
+// ends with WATCH_BACKLOG_FULL so that its client reconnects (its own
+// deadlines still end its leases in time).
+type subscriber struct {
+	wake     chan struct{} // capacity 1: a send means "events queued"
+	max      int           // Config.MaxWatchBacklog
+	queue    []event
+	overflow bool
+}
 
 // sessionHub maps client sessions to their Watch streams.
 type sessionHub struct {
@@ -64,8 +74,10 @@ type sessionHub struct {
 	subs map[string]map[*subscriber]struct{}
 }
 
-func (h *sessionHub) subscribe(session string) *subscriber {
-	sub := &subscriber{ch: make(chan event, 1024)}
+// subscribe registers a Watch stream of session that queues at most
+// backlog unread events.
+func (h *sessionHub) subscribe(session string, backlog int) *subscriber {
+	sub := &subscriber{wake: make(chan struct{}, 1), max: backlog}
 	h.mu.Lock()
 	m := h.subs[session]
 	if m == nil {
@@ -95,14 +107,28 @@ func (h *sessionHub) count() int {
 	return len(h.subs)
 }
 
-// lost tells the session's streams that its grant ended. A full stream
-// drops the event: the client's own deadline still ends the lease.
+// take returns the events queued for sub and empties its queue; overflow
+// reports that an event found the queue full.
+func (h *sessionHub) take(sub *subscriber) (evs []event, overflow bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	evs, sub.queue = sub.queue, nil
+	return evs, sub.overflow
+}
+
+// lost tells the session's streams that its grant ended. It never blocks:
+// the event is queued, or the stream's queue is full and marked overflowed.
 func (h *sessionHub) lost(ev *event) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for sub := range h.subs[ev.session] {
+		if len(sub.queue) >= sub.max {
+			sub.overflow = true
+		} else {
+			sub.queue = append(sub.queue, *ev)
+		}
 		select {
-		case sub.ch <- *ev:
+		case sub.wake <- struct{}{}:
 		default:
 		}
 	}

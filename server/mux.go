@@ -2,9 +2,13 @@ package server
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -13,58 +17,133 @@ import (
 // on a plaintext connection) goes to the gRPC server, served natively by
 // grpc-go; anything else (HTTP/1.x: curl, browsers, Prometheus) goes to the
 // HTTP server. JSON over h2c prior knowledge is therefore not served.
+//
+// It is the front door: it caps the open connections at
+// Config.MaxConnections (one more is closed at once and counted), and it
+// keeps the node's other limits (lim, see limits.go). An Accept error other
+// than a closed listener (EMFILE, ENFILE, ECONNABORTED, ...) is logged and
+// retried after a pause of 5ms doubling to 1s, as net/http does, so that
+// running out of file descriptors never closes the API port for good.
 type connMux struct {
 	root net.Listener
 	grpc *chanListener
 	http *chanListener
+	lim  *limits
+
+	log      *slog.Logger // set by bind
+	maxConns int64        // set by bind; 0: no cap
+	conns    atomic.Int64 // open connections, counted from Accept to Close
 
 	wg        sync.WaitGroup
 	closeOnce sync.Once
 	done      chan struct{}
 }
 
+// listenerHook, when set, wraps the API listener of every server started
+// afterwards. It exists for tests only, which inject Accept faults; it is
+// nil in production.
+var listenerHook atomic.Pointer[func(net.Listener) net.Listener]
+
 func newConnMux(root net.Listener) *connMux {
+	if h := listenerHook.Load(); h != nil {
+		root = (*h)(root)
+	}
 	done := make(chan struct{})
 	return &connMux{
 		root: root,
 		grpc: &chanListener{addr: root.Addr(), ch: make(chan net.Conn), done: done},
 		http: &chanListener{addr: root.Addr(), ch: make(chan net.Conn), done: done},
+		lim:  &limits{},
+		log:  slog.Default(),
 		done: done,
 	}
 }
+
+// bind gives the mux (and its limits) the server's configuration, logger
+// and metrics. newGRPCServer calls it, before serve starts.
+func (m *connMux) bind(s *Server) {
+	m.log = s.log
+	m.maxConns = int64(s.cfg.MaxConnections)
+	m.lim.bind(s)
+}
+
+// Accept retry pauses: the first, and the longest.
+const (
+	acceptDelayMin = 5 * time.Millisecond
+	acceptDelayMax = time.Second
+)
 
 // serve accepts until the root listener is closed, then waits for the
 // connections being sorted.
 func (m *connMux) serve() {
 	defer m.wg.Wait()
+	var delay time.Duration
+	var lastLog time.Time
+	suppressed := 0
 	for {
 		c, err := m.root.Accept()
 		if err != nil {
-			if ne, ok := err.(net.Error); ok && ne.Timeout() {
-				time.Sleep(5 * time.Millisecond)
-				continue
+			if errors.Is(err, net.ErrClosed) || m.closed() {
+				m.close()
+				return
 			}
-			m.close()
-			return
+			// EMFILE and friends: the listener is fine, the process is
+			// out of something for a moment. Pause and retry; the kernel
+			// keeps the pending connections in the backlog meanwhile.
+			delay = min(max(2*delay, acceptDelayMin), acceptDelayMax)
+			if now := time.Now(); now.Sub(lastLog) >= logEvery {
+				m.log.Warn("dlockd: accept failed; retrying", "err", err, "retry_in", delay, "suppressed", suppressed)
+				lastLog, suppressed = now, 0
+			} else {
+				suppressed++
+			}
+			t := time.NewTimer(delay)
+			select {
+			case <-t.C:
+			case <-m.done:
+				t.Stop()
+				return
+			}
+			continue
+		}
+		delay = 0
+		if n := m.conns.Add(1); m.maxConns > 0 && n > m.maxConns {
+			m.conns.Add(-1)
+			_ = c.Close()
+			m.lim.refused(limitConnections, fmt.Sprintf("connection from %s closed: %d connections open (limit %d)", c.RemoteAddr(), n-1, m.maxConns))
+			continue
 		}
 		m.wg.Add(1)
 		go m.route(c)
 	}
 }
 
+func (m *connMux) closed() bool {
+	select {
+	case <-m.done:
+		return true
+	default:
+		return false
+	}
+}
+
 var h2Preface = []byte("PRI")
 
+// route reads the first bytes of c and hands it to the gRPC or the HTTP
+// server. The connection's slot (conns) is freed when it is closed,
+// whoever closes it.
 func (m *connMux) route(c net.Conn) {
 	defer m.wg.Done()
+	pc := &prefixConn{Conn: c, mux: m}
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	buf := make([]byte, len(h2Preface))
 	n, err := io.ReadFull(c, buf)
 	_ = c.SetReadDeadline(time.Time{})
 	if err != nil {
-		_ = c.Close()
+		_ = pc.Close()
 		return
 	}
-	pc := &prefixConn{Conn: c, prefix: buf[:n]}
+	pc.prefix = buf[:n]
 	target := m.http
 	if bytes.Equal(buf, h2Preface) {
 		target = m.grpc
@@ -72,7 +151,7 @@ func (m *connMux) route(c net.Conn) {
 	select {
 	case target.ch <- pc:
 	case <-m.done:
-		_ = c.Close()
+		_ = pc.Close()
 	}
 }
 
@@ -103,10 +182,13 @@ func (l *chanListener) Accept() (net.Conn, error) {
 func (l *chanListener) Close() error   { return nil }
 func (l *chanListener) Addr() net.Addr { return l.addr }
 
-// prefixConn replays the bytes the mux read.
+// prefixConn replays the bytes the mux read, and frees the connection's
+// slot of the mux when closed.
 type prefixConn struct {
 	net.Conn
 	prefix []byte
+	mux    *connMux
+	closed atomic.Bool
 }
 
 func (c *prefixConn) Read(p []byte) (int, error) {
@@ -116,4 +198,13 @@ func (c *prefixConn) Read(p []byte) (int, error) {
 		return n, nil
 	}
 	return c.Conn.Read(p)
+}
+
+// Close closes the connection; the first call frees its slot.
+func (c *prefixConn) Close() error {
+	err := c.Conn.Close()
+	if c.closed.CompareAndSwap(false, true) {
+		c.mux.conns.Add(-1)
+	}
+	return err
 }

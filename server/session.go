@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"sync"
 
@@ -55,11 +56,20 @@ func (p *callPool) run(f func()) {
 }
 
 // sessionStream is the state of one Session stream.
+//
+// Backpressure: a call takes a slot before it is read and gives it back when
+// its answer is sent, so at most Config.MaxInflightPerStream calls of one
+// stream are running or waiting to be sent. When every slot is taken the
+// stream is not read; its unread calls stay in the client's buffers,
+// bounded by HTTP/2 flow control. One goroutine sends the answers, so a
+// client that does not read them blocks that goroutine only, never the
+// calls' workers.
 type sessionStream struct {
 	a      *api
 	stream dlockv1.Lock_SessionServer
 
-	sendMu sync.Mutex
+	slots chan struct{}                 // one per call in flight; capacity MaxInflightPerStream
+	out   chan *dlockv1.SessionResponse // answers to send; capacity MaxInflightPerStream
 
 	mu      sync.Mutex
 	stopped bool
@@ -69,7 +79,13 @@ type sessionStream struct {
 
 // Session implements dlockv1.LockServer: see the proto.
 func (a *api) Session(stream dlockv1.Lock_SessionServer) error {
-	ss := &sessionStream{a: a, stream: stream, running: make(map[uint64]context.CancelFunc)}
+	n := a.s.cfg.MaxInflightPerStream
+	ss := &sessionStream{
+		a: a, stream: stream, running: make(map[uint64]context.CancelFunc),
+		slots: make(chan struct{}, n), out: make(chan *dlockv1.SessionResponse, n),
+	}
+	sent := make(chan struct{})
+	go ss.sendLoop(sent)
 	recvErr := make(chan error, 1)
 	go func() { recvErr <- ss.recvLoop() }()
 	var err error
@@ -83,21 +99,62 @@ func (a *api) Session(stream dlockv1.Lock_SessionServer) error {
 	ss.stopped = true
 	ss.mu.Unlock()
 	ss.wg.Wait()
+	close(ss.out)
+	<-sent
 	if errors.Is(err, io.EOF) {
 		return nil
 	}
 	return err
 }
 
+// sendLoop sends the answers until out is closed, giving each call's slot
+// back once its answer is sent. After a failed send it drops the rest (the
+// stream is broken) but still gives their slots back.
+func (ss *sessionStream) sendLoop(done chan<- struct{}) {
+	defer close(done)
+	broken := false
+	for resp := range ss.out {
+		if !broken && ss.stream.Send(resp) != nil {
+			broken = true
+		}
+		<-ss.slots
+	}
+}
+
+// takeSlot waits for a free slot before the next call is read. It returns
+// an error when the stream or the server ends first.
+func (ss *sessionStream) takeSlot(ctx context.Context) error {
+	select {
+	case ss.slots <- struct{}{}:
+		return nil
+	default:
+	}
+	// Every slot is taken: stop reading until an answer is sent.
+	ss.a.s.limits().refused(limitSessionInflight, fmt.Sprintf("a Session stream has %d calls in flight; not reading it until one is answered", cap(ss.slots)))
+	select {
+	case ss.slots <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	case <-ss.a.s.closing:
+		return io.EOF
+	}
+}
+
 func (ss *sessionStream) recvLoop() error {
 	ctx := ss.stream.Context()
 	for {
+		if err := ss.takeSlot(ctx); err != nil {
+			return err
+		}
 		req, err := ss.stream.Recv()
 		if err != nil {
+			<-ss.slots
 			return err
 		}
 		id := req.GetId()
 		if _, ok := req.GetCall().(*dlockv1.SessionRequest_Cancel); ok {
+			<-ss.slots // a cancel is not answered
 			ss.mu.Lock()
 			if cancel := ss.running[id]; cancel != nil {
 				cancel()
@@ -108,9 +165,10 @@ func (ss *sessionStream) recvLoop() error {
 		ss.mu.Lock()
 		if ss.stopped {
 			ss.mu.Unlock()
+			<-ss.slots
 			return io.EOF
 		}
-		var cctx context.Context
+		cctx := ctx
 		var cancel context.CancelFunc
 		if _, ok := req.GetCall().(*dlockv1.SessionRequest_Acquire); ok {
 			cctx, cancel = context.WithCancel(ctx)
@@ -120,18 +178,28 @@ func (ss *sessionStream) recvLoop() error {
 		ss.mu.Unlock()
 		ss.a.s.calls.run(func() {
 			defer ss.wg.Done()
-			resp := ss.call(cctx, req)
+			resp := ss.safeCall(cctx, req)
 			if cancel != nil {
 				ss.mu.Lock()
 				delete(ss.running, id)
 				ss.mu.Unlock()
 				cancel()
 			}
-			ss.sendMu.Lock()
-			_ = ss.stream.Send(resp)
-			ss.sendMu.Unlock()
+			ss.out <- resp // never blocks: out has room for every slot
 		})
 	}
+}
+
+// safeCall is call, with a panic answered INTERNAL (see recover.go).
+func (ss *sessionStream) safeCall(ctx context.Context, req *dlockv1.SessionRequest) (resp *dlockv1.SessionResponse) {
+	defer func() {
+		if p := recover(); p != nil {
+			st := status.Convert(ss.a.s.recovered("Session call", p))
+			resp = &dlockv1.SessionResponse{Id: req.GetId(), Code: int32(st.Code()), Message: st.Message()}
+		}
+	}()
+	callPanicHook("Session call")
+	return ss.call(ctx, req)
 }
 
 // call runs one call as its unary RPC would, and counts it likewise.

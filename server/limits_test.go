@@ -1,0 +1,498 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	dlockv1 "github.com/dlock-dev/dlock/proto/dlock/v1"
+	"github.com/dlock-dev/dlock/server"
+)
+
+// syncBuffer is a log destination for one server.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// logTo makes the server log at info into buf.
+func logTo(buf *syncBuffer) func(*server.Config) {
+	return func(c *server.Config) {
+		c.Logger = slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+}
+
+// refusals returns dlockd_limit_refusals_total{limit=...}, 0 when absent.
+func refusals(t *testing.T, addr, limit string) int {
+	t.Helper()
+	v := metric(t, addr, `dlockd_limit_refusals_total{limit="`+limit+`"}`)
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		t.Fatalf("refusals %s: %q", limit, v)
+	}
+	return n
+}
+
+// wantRefused checks that err is RESOURCE_EXHAUSTED with reason.
+func wantRefused(t *testing.T, what string, err error, reason string) {
+	t.Helper()
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "("+reason+")") {
+		t.Errorf("%s: %v, want RESOURCE_EXHAUSTED (%s)", what, err, reason)
+	}
+}
+
+// dialStatic is a gRPC client connection with static 64 KiB flow-control
+// windows (no BDP growth), so that a client that does not read pushes back
+// on the server as soon as 64 KiB are unread.
+func dialStatic(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(65535), grpc.WithInitialConnWindowSize(65535))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	return cc
+}
+
+// TestLimits_MaxConnections: a connection beyond MaxConnections is closed
+// at once (it used to be served however many were open) and counted; once
+// a connection closes, its slot serves a new one.
+func TestLimits_MaxConnections(t *testing.T) {
+	srv := start(t, func(c *server.Config) { c.MaxConnections = 3 })
+	var open []net.Conn
+	for range 3 {
+		c, err := net.Dial("tcp", srv.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		open = append(open, c)
+	}
+	extra, err := net.Dial("tcp", srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.Close()
+	_ = extra.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err = extra.Read(make([]byte, 1))
+	var ne net.Error
+	if err == nil || (errors.As(err, &ne) && ne.Timeout()) {
+		t.Fatalf("4th connection: read %v, want it closed by the server at once", err)
+	}
+	if !errors.Is(err, io.EOF) && !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("4th connection: read %v, want EOF or reset", err)
+	}
+	for _, c := range open {
+		_ = c.Close()
+	}
+	// The slots free as the server notices the closes.
+	client := &http.Client{Timeout: 5 * time.Second}
+	defer client.CloseIdleConnections()
+	waitFor(t, func() bool {
+		resp, err := client.Get("http://" + srv.Addr() + "/healthz")
+		if err != nil {
+			return false
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	client.CloseIdleConnections()
+	if n := refusals(t, srv.Addr(), "connections"); n < 1 {
+		t.Fatalf("connections refused: %d, want at least 1", n)
+	}
+}
+
+// TestLimits_StreamAndWaitCaps: Session, Wait and Watch streams and waiting
+// requests are capped per node: one more is answered RESOURCE_EXHAUSTED
+// (HTTP 429) with its reason, counted, and logged at info; a freed slot
+// serves again.
+func TestLimits_StreamAndWaitCaps(t *testing.T) {
+	logs := &syncBuffer{}
+	srv := start(t, func(c *server.Config) {
+		c.MaxSessionStreams, c.MaxWatchStreams, c.MaxWaitStreams, c.MaxWaitingRequests = 1, 1, 1, 2
+		logTo(logs)(c)
+	})
+	a := srv.Addr()
+	c := grpcClient(t, a)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+
+	// Watch.
+	wctx, wcancel := context.WithCancel(ctx)
+	w1, err := c.Watch(wctx, &dlockv1.WatchRequest{Session: "session-1-0123456789"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev, err := w1.Recv(); err != nil || ev.GetType() != dlockv1.WatchEvent_READY {
+		t.Fatalf("1st Watch: %v %v", ev, err)
+	}
+	w2, err := c.Watch(ctx, &dlockv1.WatchRequest{Session: "session-2-0123456789"})
+	if err == nil {
+		_, err = w2.Recv()
+	}
+	wantRefused(t, "2nd Watch", err, server.ReasonTooManyStreams)
+	wcancel()
+	waitFor(t, func() bool { // the slot frees when the first stream's handler returns
+		w, err := c.Watch(ctx, &dlockv1.WatchRequest{Session: "session-3-0123456789"})
+		if err != nil {
+			return false
+		}
+		_, err = w.Recv()
+		return err == nil
+	})
+
+	// Session.
+	s1, err := c.Session(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s1.Send(&dlockv1.SessionRequest{Id: 1, Call: &dlockv1.SessionRequest_Acquire{Acquire: &dlockv1.AcquireRequest{Key: "held", Owner: "owner-held-0123456789", Ttl: durationpb.New(time.Minute)}}}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := s1.Recv(); err != nil || r.GetCode() != 0 {
+		t.Fatalf("1st Session: %v %v", r, err)
+	}
+	s2, err := c.Session(ctx)
+	if err == nil {
+		_, err = s2.Recv()
+	}
+	wantRefused(t, "2nd Session", err, server.ReasonTooManyStreams)
+
+	// Wait streams, and waiting requests: the first Wait stream is one of
+	// the two waiting requests allowed.
+	ws1, err := c.Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ws1.Send(&dlockv1.AcquireRequest{Key: "held", Owner: "owner-w1-0123456789"}); err != nil {
+		t.Fatal(err)
+	}
+	if ev, err := ws1.Recv(); err != nil || ev.GetType() != dlockv1.WaitEvent_QUEUED {
+		t.Fatalf("1st Wait: %v %v", ev, err)
+	}
+	ws2, err := c.Wait(ctx)
+	if err == nil {
+		_ = ws2.Send(&dlockv1.AcquireRequest{Key: "held", Owner: "owner-w2-0123456789"})
+		_, err = ws2.Recv()
+	}
+	wantRefused(t, "2nd Wait stream", err, server.ReasonTooManyStreams)
+
+	uctx, ucancel := context.WithCancel(ctx)
+	defer ucancel()
+	unaryDone := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(uctx, &dlockv1.AcquireRequest{Key: "held", Owner: "owner-u1-0123456789", Wait: true})
+		unaryDone <- err
+	}()
+	waitFor(t, func() bool {
+		r, err := c.Inspect(ctx, &dlockv1.InspectRequest{Key: "held"})
+		return err == nil && r.GetWaiters() == 2
+	})
+	_, err = c.Acquire(ctx, &dlockv1.AcquireRequest{Key: "held", Owner: "owner-u2-0123456789", Wait: true})
+	wantRefused(t, "3rd waiting request (gRPC)", err, server.ReasonTooManyWaitingRequests)
+	code, m := post(t, a, "/v1/acquire", `{"key":"held","wait":true}`)
+	if code != http.StatusTooManyRequests || m["reason"] != server.ReasonTooManyWaitingRequests || m["code"] != "RESOURCE_EXHAUSTED" {
+		t.Errorf("3rd waiting request (HTTP): %d %v, want 429 %s", code, m, server.ReasonTooManyWaitingRequests)
+	}
+	// A try (no wait) is not a waiting request.
+	if _, err := c.Acquire(ctx, &dlockv1.AcquireRequest{Key: "free", Owner: "owner-t-0123456789"}); err != nil {
+		t.Errorf("try while the waits are full: %v", err)
+	}
+	ucancel()
+	if err := <-unaryDone; status.Code(err) != codes.Canceled {
+		t.Fatalf("cancelled waiter: %v", err)
+	}
+	// Its slot serves a new wait, which waits (until its deadline).
+	waitFor(t, func() bool {
+		dctx, dcancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer dcancel()
+		_, err := c.Acquire(dctx, &dlockv1.AcquireRequest{Key: "held", Owner: "owner-u3-0123456789", Wait: true})
+		return status.Code(err) == codes.DeadlineExceeded
+	})
+
+	for _, limit := range []string{"watch_streams", "session_streams", "wait_streams", "waiting_requests"} {
+		if n := refusals(t, a, limit); n < 1 {
+			t.Errorf("dlockd_limit_refusals_total{limit=%q} = %d, want at least 1", limit, n)
+		}
+	}
+	out := logs.String()
+	for _, limit := range []string{"watch_streams", "session_streams", "wait_streams", "waiting_requests"} {
+		if !strings.Contains(out, "limit="+limit) {
+			t.Errorf("no log line for limit %s", limit)
+		}
+	}
+	// Two waiting requests were refused within 10s: one line only.
+	if n := strings.Count(out, "limit=waiting_requests"); n != 1 {
+		t.Errorf("%d log lines for limit waiting_requests, want 1 (rate-limited):\n%s", n, out)
+	}
+}
+
+// TestLimits_StreamsPerConnection: a connection runs at most
+// MaxStreamsPerConnection streams at once; grpc-go clients queue the next
+// one until a stream ends. Another connection is not affected.
+func TestLimits_StreamsPerConnection(t *testing.T) {
+	srv := start(t, func(c *server.Config) { c.MaxStreamsPerConnection = 2 })
+	c := grpcClient(t, srv.Addr())
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	watch := func(c dlockv1.LockClient, ctx context.Context, session string) error {
+		w, err := c.Watch(ctx, &dlockv1.WatchRequest{Session: session})
+		if err != nil {
+			return err
+		}
+		_, err = w.Recv()
+		return err
+	}
+	firstCtx, cancelFirst := context.WithCancel(ctx)
+	if err := watch(c, firstCtx, "session-1-0123456789"); err != nil {
+		t.Fatal(err)
+	}
+	if err := watch(c, ctx, "session-2-0123456789"); err != nil {
+		t.Fatal(err)
+	}
+	shortCtx, shortCancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	err := watch(c, shortCtx, "session-3-0123456789")
+	shortCancel()
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("3rd stream on one connection: %v, want it queued by the client until its deadline", err)
+	}
+	if err := watch(grpcClient(t, srv.Addr()), ctx, "session-4-0123456789"); err != nil {
+		t.Fatalf("a stream on another connection: %v", err)
+	}
+	cancelFirst()
+	if err := watch(c, ctx, "session-5-0123456789"); err != nil {
+		t.Fatalf("a stream after one ended: %v", err)
+	}
+}
+
+// TestSession_Backpressure: a client that pipelines many calls on one
+// Session stream without reading the answers no longer makes the server
+// read them all (it used to start a goroutine per call: 300k calls grew it
+// to 1.5 GB): the server stops reading at MaxInflightPerStream calls in
+// flight, so its goroutines and memory stay bounded and the client's sends
+// block; once the client reads, every call is answered.
+func TestSession_Backpressure(t *testing.T) {
+	srv := start(t, func(c *server.Config) { c.MaxInflightPerStream = 32 })
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	c := dlockv1.NewLockClient(dialStatic(t, srv.Addr()))
+	const owner = "owner-pipe-0123456789"
+	if _, err := c.Acquire(ctx, &dlockv1.AcquireRequest{Key: "pipe", Owner: owner, Ttl: durationpb.New(time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.Session(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Let the stream start before the baseline.
+	if err := st.Send(&dlockv1.SessionRequest{Id: 0, Call: &dlockv1.SessionRequest_Renew{Renew: &dlockv1.RenewRequest{Items: []*dlockv1.RenewItem{{Key: "pipe", Owner: owner}}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := st.Recv(); err != nil || r.GetCode() != 0 {
+		t.Fatalf("first renew: %v %v", r, err)
+	}
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	base := runtime.NumGoroutine()
+
+	const n = 20000 // 1.2 MB of calls: many times the flow-control windows
+	var sent atomic.Int64
+	sendDone := make(chan error, 1)
+	go func() {
+		for i := 1; i <= n; i++ {
+			req := &dlockv1.SessionRequest{Id: uint64(i), Call: &dlockv1.SessionRequest_Renew{Renew: &dlockv1.RenewRequest{Items: []*dlockv1.RenewItem{{Key: "pipe", Owner: owner}}}}}
+			if err := st.Send(req); err != nil {
+				sendDone <- err
+				return
+			}
+			sent.Add(1)
+		}
+		sendDone <- st.CloseSend()
+	}()
+
+	// Await the client's sends being held back, watching the goroutines
+	// meanwhile.
+	bound := base + 200
+	last, still := int64(-1), 0
+	deadline := time.Now().Add(30 * time.Second)
+	for still < 20 {
+		if g := runtime.NumGoroutine(); g > bound {
+			t.Fatalf("%d goroutines with %d calls sent, want at most %d (%d before)", g, sent.Load(), bound, base)
+		}
+		select {
+		case err := <-sendDone:
+			t.Fatalf("all %d calls sent without the server reading them (%v): no backpressure", n, err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the client's sends never stalled")
+		}
+		if s := sent.Load(); s == last {
+			still++
+		} else {
+			last, still = s, 0
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := refusals(t, srv.Addr(), "session_inflight"); n < 1 {
+		t.Errorf("session_inflight pauses: %d, want at least 1", n)
+	}
+	runtime.GC()
+	var during runtime.MemStats
+	runtime.ReadMemStats(&during)
+	if grown := int64(during.HeapAlloc) - int64(before.HeapAlloc); grown > 32<<20 {
+		t.Errorf("heap grew by %d MB with %d calls sent, want less than 32 MB", grown>>20, last)
+	}
+	t.Logf("stalled after %d of %d calls; %d goroutines (%d before)", last, n, runtime.NumGoroutine(), base)
+
+	// Now read: every call is answered, once.
+	seen := make([]bool, n+1)
+	for range n {
+		r, err := st.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if id := r.GetId(); id == 0 || id > n || seen[id] || r.GetCode() != 0 {
+			t.Fatalf("answer %v", r)
+		}
+		seen[r.GetId()] = true
+	}
+	if err := <-sendDone; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("end of stream: %v", err)
+	}
+}
+
+// TestWatch_BacklogEndsStream: a Watch client that does not read its loss
+// events gets its stream ended with RESOURCE_EXHAUSTED (WATCH_BACKLOG_FULL)
+// once MaxWatchBacklog events wait, after the events sent so far, rather
+// than events being dropped in silence (they used to be, beyond a fixed
+// buffer of 1,024 per stream).
+func TestWatch_BacklogEndsStream(t *testing.T) {
+	srv := start(t, func(c *server.Config) { c.MaxWatchBacklog = 8 })
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	c := dlockv1.NewLockClient(dialStatic(t, srv.Addr()))
+	const session = "session-backlog-0123456789"
+	w, err := c.Watch(ctx, &dlockv1.WatchRequest{Session: session})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev, err := w.Recv(); err != nil || ev.GetType() != dlockv1.WatchEvent_READY {
+		t.Fatalf("READY: %v %v", ev, err)
+	}
+	// 400 leases of the session with long keys and owners (about 650
+	// bytes per event: more than the 64 KiB windows and grpc-go's 64 KiB
+	// write quota hold) expire at once, and the client does not read.
+	const leases = 400
+	st, err := c.Session(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range leases {
+		key := fmt.Sprintf("%03d-%s", i, strings.Repeat("k", 500))
+		owner := fmt.Sprintf("%03d-%s", i, strings.Repeat("o", 120))
+		if err := st.Send(&dlockv1.SessionRequest{Id: uint64(i + 1), Call: &dlockv1.SessionRequest_Acquire{Acquire: &dlockv1.AcquireRequest{
+			Key: key, Owner: owner, Session: session, Ttl: durationpb.New(100 * time.Millisecond)}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range leases {
+		if r, err := st.Recv(); err != nil || r.GetCode() != 0 {
+			t.Fatalf("acquire: %v %v", r, err)
+		}
+	}
+	_ = st.CloseSend()
+	waitFor(t, func() bool { return refusals(t, srv.Addr(), "watch_backlog") >= 1 })
+	lost := 0
+	for {
+		ev, err := w.Recv()
+		if err != nil {
+			wantRefused(t, "Watch after its backlog overflowed", err, server.ReasonWatchBacklogFull)
+			break
+		}
+		if ev.GetType() != dlockv1.WatchEvent_LOST {
+			t.Fatalf("event %v", ev)
+		}
+		lost++
+	}
+	if lost == 0 || lost >= leases {
+		t.Fatalf("%d LOST events before the end, want some but not all %d", lost, leases)
+	}
+	t.Logf("%d LOST events, then WATCH_BACKLOG_FULL", lost)
+}
+
+// TestWatch_IdleStreamsAreCheap: a Watch stream's event queue is allocated
+// as events arrive (each stream used to allocate a 1,024-event channel, 80
+// KB, at once): 1,000 idle Watch streams cost well under 20 KB each of
+// heap, client and server together.
+func TestWatch_IdleStreamsAreCheap(t *testing.T) {
+	srv := start(t, func(c *server.Config) { c.MaxStreamsPerConnection = 2000 })
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	c := grpcClient(t, srv.Addr())
+	if _, err := c.Inspect(ctx, &dlockv1.InspectRequest{Key: "warm-up"}); err != nil {
+		t.Fatal(err)
+	}
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	const streams = 1000
+	ws := make([]dlockv1.Lock_WatchClient, streams)
+	for i := range ws {
+		w, err := c.Watch(ctx, &dlockv1.WatchRequest{Session: fmt.Sprintf("session-%04d-0123456789", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Recv(); err != nil {
+			t.Fatal(err)
+		}
+		ws[i] = w
+	}
+	runtime.GC()
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	per := (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / streams
+	t.Logf("%d bytes of heap per idle Watch stream (client and server)", per)
+	if per > 20<<10 {
+		t.Fatalf("%d bytes of heap per idle Watch stream, want under 20 KB", per)
+	}
+	runtime.KeepAlive(ws)
+}
