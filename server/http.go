@@ -57,22 +57,27 @@ func newHTTPHandler(s *Server) http.Handler {
 	mux.Handle("POST /v1/list", unary(s, "list", func() *dlockv1.ListRequest { return new(dlockv1.ListRequest) }, a.List))
 	mux.Handle("POST /v1/force-release", unary(s, "force-release", func() *dlockv1.ForceReleaseRequest { return new(dlockv1.ForceReleaseRequest) }, a.ForceRelease))
 	mux.HandleFunc("GET /v1/inspect", func(w http.ResponseWriter, r *http.Request) {
-		resp, err := a.Inspect(r.Context(), &dlockv1.InspectRequest{Key: r.URL.Query().Get("key")})
-		s.metrics.countHTTP("inspect", err)
+		start := time.Now()
+		key := r.URL.Query().Get("key")
+		resp, err := a.Inspect(r.Context(), &dlockv1.InspectRequest{Key: key})
+		s.requestDone(transportHTTP, "inspect", key, err, start)
 		writeReply(w, resp, err)
 	})
 	mux.HandleFunc("GET /v1/list", func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
 		q := r.URL.Query()
 		var limit uint64
 		if l := q.Get("limit"); l != "" {
 			var err error
 			if limit, err = strconv.ParseUint(l, 10, 32); err != nil {
-				writeReply(w, nil, apiErr(codes.InvalidArgument, ReasonInvalidRequest, "limit %q: %v", l, err))
+				err = apiErr(codes.InvalidArgument, ReasonInvalidRequest, "limit %q: %v", l, err)
+				s.requestDone(transportHTTP, "list", "", err, start)
+				writeReply(w, nil, err)
 				return
 			}
 		}
 		resp, err := a.List(r.Context(), &dlockv1.ListRequest{Prefix: q.Get("prefix"), Limit: uint32(limit)})
-		s.metrics.countHTTP("list", err)
+		s.requestDone(transportHTTP, "list", "", err, start)
 		writeReply(w, resp, err)
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -106,10 +111,11 @@ func newHTTPHandler(s *Server) http.Handler {
 // counts against MaxWaitingRequests while it runs.
 func unary[Req, Resp proto.Message](s *Server, name string, newReq func() Req, call func(context.Context, Req) (Resp, error)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
 		callPanicHook(r.Method + " " + r.URL.Path)
 		body, status, berr := readBody(s, w, r)
 		if berr != nil {
-			s.metrics.countHTTP(name, berr)
+			s.requestDone(transportHTTP, name, "", berr, start)
 			writeError(w, status, berr)
 			return
 		}
@@ -117,7 +123,7 @@ func unary[Req, Resp proto.Message](s *Server, name string, newReq func() Req, c
 		if len(body) > 0 {
 			if err := jsonIn.Unmarshal(body, req); err != nil {
 				err = jsonError(body, err)
-				s.metrics.countHTTP(name, err)
+				s.requestDone(transportHTTP, name, "", err, start)
 				writeReply(w, nil, err)
 				return
 			}
@@ -125,14 +131,14 @@ func unary[Req, Resp proto.Message](s *Server, name string, newReq func() Req, c
 		if ar, ok := any(req).(*dlockv1.AcquireRequest); ok && ar.GetWait() {
 			release, err := s.limits().takeWaiting()
 			if err != nil {
-				s.metrics.countHTTP(name, err)
+				s.requestDone(transportHTTP, name, keyOf(req), err, start)
 				writeReply(w, nil, err)
 				return
 			}
 			defer release()
 		}
 		resp, err := call(r.Context(), req)
-		s.metrics.countHTTP(name, err)
+		s.requestDone(transportHTTP, name, keyOf(req), err, start)
 		writeReply(w, resp, err)
 	})
 }

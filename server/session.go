@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -202,8 +203,10 @@ func (ss *sessionStream) safeCall(ctx context.Context, req *dlockv1.SessionReque
 	return ss.call(ctx, req)
 }
 
-// call runs one call as its unary RPC would, and counts it likewise.
+// call runs one call as its unary RPC would, and counts, times and logs it
+// likewise.
 func (ss *sessionStream) call(ctx context.Context, req *dlockv1.SessionRequest) *dlockv1.SessionResponse {
+	start := time.Now()
 	a := ss.a
 	resp := &dlockv1.SessionResponse{Id: req.GetId()}
 	var err error
@@ -235,7 +238,7 @@ func (ss *sessionStream) call(ctx context.Context, req *dlockv1.SessionRequest) 
 		method = "/dlock.v1.Lock/Session"
 		err = apiErr(codes.InvalidArgument, ReasonInvalidRequest, "session: empty call")
 	}
-	a.s.metrics.count(method, err)
+	a.s.requestDone(transportSession, method, keyOf(req), err, start)
 	if err != nil {
 		st := status.Convert(err)
 		resp.Code = int32(st.Code())
