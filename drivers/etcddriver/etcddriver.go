@@ -10,15 +10,42 @@
 //
 // # Layout and ordering
 //
-// A key K is the directory <prefix>/<escaped K>/ (see escapeKey: "%" and "/"
-// are percent-escaped, so a "/" inside K can never make one key's directory a
-// prefix of another's). Every acquisition attempt puts one entry
-// <prefix>/<escaped K>/<owner token> in a transaction that succeeds only if
-// that entry does not exist, attached to an etcd lease of its own. The
+// A key K is the directory <prefix>/.locks/<escaped K>/ (see escapeKey: "%"
+// and "/" are percent-escaped, so a "/" inside K can never make one key's
+// directory a prefix of another's, and so is a leading ".", so no escaped
+// key starts with "."). Every acquisition attempt puts one entry
+// <prefix>/.locks/<escaped K>/<owner token> in a transaction that succeeds
+// only if that entry does not exist, attached to an etcd lease of its own. The
 // holder of K is the entry with the lowest create revision in K's
 // directory; the others are waiters, in create-revision order (FIFO). This
 // is etcd's own concurrency.Mutex recipe, with one lease per grant instead
 // of one per session.
+//
+// # Prefixes
+//
+// Drivers with different prefixes are independent, whatever the prefixes:
+// "/team" and "/team/app" (nested), or "/team" and "/team2". Lock entries
+// live only in the reserved child <prefix>/.locks/, and a prefix may not
+// have a path element (between slashes) that starts with "." (New panics,
+// Open and ValidatePrefix return an error), so no prefix can lie inside
+// another prefix's .locks/ directory, and no escaped key (which never
+// starts with ".") can be a reserved name. Names under <prefix>/ that start
+// with "." are reserved for the driver; keys an application puts under the
+// prefix outside .locks/ are never read.
+//
+// # Upgrading from the layout without .locks/
+//
+// Versions before the .locks/ directory kept K's entries in
+// <prefix>/<escaped K>/, where a driver on "/team" took the entries of a
+// driver on "/team/app" for holders of its key "app". Old and new clients do
+// not see each other's entries, so they must not run side by side on the
+// same prefix: during a rolling upgrade each side would grant a key the
+// other holds. Stop every old client of a prefix (or wait until none holds
+// or waits for a key: etcdctl get --prefix <prefix>/ --keys-only shows no
+// entry outside <prefix>/.locks/) before starting new ones. Nothing needs
+// to be deleted: old entries belong to etcd leases and go when those
+// expire. Fences (create revisions of the cluster-wide revision) keep
+// increasing across the upgrade.
 //
 // # Fencing
 //
@@ -113,8 +140,9 @@ type Client interface {
 
 // Options configure a Driver. A nil *Options selects every default.
 type Options struct {
-	// Prefix is the key prefix under which all lock entries live, without a
-	// trailing "/". Zero value: "/dlock".
+	// Prefix is the key prefix under which all lock entries live (in
+	// Prefix + "/.locks/"); a trailing "/" is dropped. No path element of
+	// it may start with "." (see ValidatePrefix). Zero value: "/dlock".
 	Prefix string
 	// OpTimeout bounds each store round trip the driver makes on its own
 	// inside Wait (lease grant, keepalive, checks) and the cleanup after a
@@ -133,6 +161,7 @@ type Driver struct {
 	cli       Client
 	closeCli  func() error // nil when the client is not ours
 	prefix    string
+	locks     string // prefix + "/.locks/": every lock entry is under it
 	opTimeout time.Duration
 
 	closeCtx    context.Context
@@ -159,8 +188,17 @@ var (
 )
 
 // New returns a driver over cli. It never closes cli: Close only stops the
-// driver's own goroutines. opts may be nil.
+// driver's own goroutines. opts may be nil. New panics when opts.Prefix is
+// invalid (see ValidatePrefix): call ValidatePrefix first when the prefix
+// comes from configuration.
 func New(cli Client, opts *Options) *Driver {
+	var prefix string
+	if opts != nil {
+		prefix = opts.Prefix
+	}
+	if err := ValidatePrefix(prefix); err != nil {
+		panic(err)
+	}
 	return newDriver(cli, nil, opts)
 }
 
@@ -178,7 +216,7 @@ func newDriver(cli Client, closeCli func() error, opts *Options) *Driver {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Driver{
-		cli: cli, closeCli: closeCli, prefix: o.Prefix, opTimeout: o.OpTimeout,
+		cli: cli, closeCli: closeCli, prefix: o.Prefix, locks: o.Prefix + "/" + locksDir + "/", opTimeout: o.OpTimeout,
 		closeCtx: ctx, closeCancel: cancel,
 		grants: map[string]*grant{},
 	}
@@ -186,8 +224,10 @@ func newDriver(cli Client, closeCli func() error, opts *Options) *Driver {
 
 // Open connects to the etcd cluster named by u,
 // etcd://host:port[,host:port…][/prefix], with the optional query
-// parameters dial_timeout and op_timeout (Go durations). The driver owns the
-// client and closes it in Close. Open reads from the cluster once, and
+// parameters dial_timeout and op_timeout (Go durations). It returns an error
+// at once when the path is not a valid prefix (see ValidatePrefix). The
+// driver owns the client and closes it in Close. Open reads from the cluster
+// once, and
 // returns an error wrapping driver.ErrUnavailable when no endpoint answers
 // within ctx and dial_timeout (default 5 s).
 func Open(ctx context.Context, u *url.URL) (*Driver, error) {
@@ -221,6 +261,9 @@ func Open(ctx context.Context, u *url.URL) (*Driver, error) {
 	if u.User != nil {
 		cfg.Username = u.User.Username()
 		cfg.Password, _ = u.User.Password()
+	}
+	if err := ValidatePrefix(u.Path); err != nil {
+		return nil, err
 	}
 	cli, err := clientv3.New(cfg)
 	if err != nil {
@@ -261,19 +304,43 @@ func (d *Driver) Close() error {
 	return nil
 }
 
-// escapeKey percent-escapes "%" and "/" (and nothing else), so an escaped
-// key never contains "/" and escaping is injective and prefix-preserving.
+// locksDir is the reserved child of the prefix that holds every lock entry.
+const locksDir = ".locks"
+
+// ValidatePrefix reports whether prefix can be a driver's Options.Prefix
+// (or an etcd URL's path): it returns an error when a path element of
+// prefix (the text between two "/") starts with ".", since names starting
+// with "." are reserved for the driver (its lock entries are under
+// <prefix>/.locks/). This is what keeps the entries of drivers with nested
+// prefixes apart: a prefix "/team/.locks/x" would put its entries among the
+// keys of the prefix "/team". The empty prefix selects DefaultPrefix.
+func ValidatePrefix(prefix string) error {
+	for _, el := range strings.Split(prefix, "/") {
+		if strings.HasPrefix(el, ".") {
+			return fmt.Errorf("etcddriver: prefix %q: path element %q starts with \".\" (names starting with \".\" are reserved, e.g. %q)",
+				prefix, el, locksDir)
+		}
+	}
+	return nil
+}
+
+// escapeKey percent-escapes "%" and "/", and a "." that starts the key (and
+// nothing else), so an escaped key never contains "/", never starts with
+// "." (names starting with "." are reserved, see locksDir), and escaping is
+// injective and prefix-preserving.
 func escapeKey(key string) string {
-	if !strings.ContainsAny(key, "%/") {
+	if !strings.ContainsAny(key, "%/") && !strings.HasPrefix(key, ".") {
 		return key
 	}
 	var b strings.Builder
 	for i := 0; i < len(key); i++ {
-		switch c := key[i]; c {
-		case '%':
+		switch c := key[i]; {
+		case c == '%':
 			b.WriteString("%25")
-		case '/':
+		case c == '/':
 			b.WriteString("%2F")
+		case c == '.' && i == 0:
+			b.WriteString("%2E")
 		default:
 			b.WriteByte(c)
 		}
@@ -286,11 +353,30 @@ func unescapeKey(s string) (string, error) {
 	return url.PathUnescape(s)
 }
 
-// dir returns the directory of key, with its trailing "/".
-func (d *Driver) dir(key string) string { return d.prefix + "/" + escapeKey(key) + "/" }
+// dir returns the directory of key, <prefix>/.locks/<escaped key>/, with its
+// trailing "/".
+func (d *Driver) dir(key string) string { return d.locks + escapeKey(key) + "/" }
 
 // entry returns the entry of owner on key.
 func (d *Driver) entry(key, owner string) string { return d.dir(key) + owner }
+
+// keyOfEntry returns the key of a lock entry's etcd key,
+// <prefix>/.locks/<escaped key>/<owner>, or false when k is not one.
+func (d *Driver) keyOfEntry(k string) (string, bool) {
+	rest, ok := strings.CutPrefix(k, d.locks)
+	if !ok {
+		return "", false
+	}
+	esc, owner, ok := strings.Cut(rest, "/")
+	if !ok || esc == "" || owner == "" || strings.Contains(owner, "/") {
+		return "", false
+	}
+	key, err := unescapeKey(esc)
+	if err != nil || escapeKey(key) != esc {
+		return "", false
+	}
+	return key, true
+}
 
 // value is what an entry stores.
 type value struct {
@@ -797,7 +883,7 @@ func (d *Driver) info(key string, kv *mvccpb.KeyValue) driver.HolderInfo {
 // List returns the held keys starting with prefix, sorted by key, each with
 // its holder and number of waiters (Remaining is zero: not read for lists).
 func (d *Driver) List(ctx context.Context, prefix string) ([]driver.HolderInfo, error) {
-	resp, err := d.cli.Get(ctx, d.prefix+"/"+escapeKey(prefix), clientv3.WithPrefix())
+	resp, err := d.cli.Get(ctx, d.locks+escapeKey(prefix), clientv3.WithPrefix())
 	if err != nil {
 		return nil, storeErr("list", prefix, err)
 	}
@@ -807,13 +893,8 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]driver.HolderInfo, 
 	}
 	byKey := map[string]*held{}
 	for _, kv := range resp.Kvs {
-		rest := strings.TrimPrefix(string(kv.Key), d.prefix+"/")
-		i := strings.LastIndexByte(rest, '/')
-		if i < 0 {
-			continue
-		}
-		key, err := unescapeKey(rest[:i])
-		if err != nil || !strings.HasPrefix(key, prefix) {
+		key, ok := d.keyOfEntry(string(kv.Key))
+		if !ok || !strings.HasPrefix(key, prefix) {
 			continue
 		}
 		h := byKey[key]

@@ -141,7 +141,7 @@ func TestDriver(t *testing.T) {
 			t.Fatalf("Release from another driver: %v", err)
 		}
 		// No entry is left behind by the failed TryAcquire.
-		resp, err := cli.Get(ctx, "/dlock/k1/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		resp, err := cli.Get(ctx, "/dlock/.locks/k1/", clientv3.WithPrefix(), clientv3.WithCountOnly())
 		if err != nil || resp.Count != 0 {
 			t.Fatalf("entries left: %v, %v", resp.Count, err)
 		}
@@ -250,7 +250,7 @@ func TestDriver(t *testing.T) {
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("Wait err = %v, want DeadlineExceeded", err)
 		}
-		resp, err := cli.Get(ctx, "/dlock/cancel/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		resp, err := cli.Get(ctx, "/dlock/.locks/cancel/", clientv3.WithPrefix(), clientv3.WithCountOnly())
 		if err != nil || resp.Count != 1 {
 			t.Fatalf("entries = %d, %v; want only the holder", resp.Count, err)
 		}
@@ -319,7 +319,7 @@ func TestDriver(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := cli.Delete(ctx, "/dlock/deleted/"+r.Owner); err != nil {
+		if _, err := cli.Delete(ctx, "/dlock/.locks/deleted/"+r.Owner); err != nil {
 			t.Fatal(err)
 		}
 		select {
