@@ -44,14 +44,16 @@
 //
 // # Fencing
 //
-// Each node also keeps a fence counter per key. An acquisition raises the
-// counter by one on each node where it sets the lock key (in the same
-// script, so atomically with taking the key there) and takes F, the highest
-// counter of its majority. F must then be on a majority: when a majority
-// of the nodes it locked already reached F (the usual case, their counters
-// were equal) it is; otherwise a second round writes F to every node with a
-// "set if greater" script that only writes while the node still holds the
-// owner token, and F is the grant's fence only when a majority took it.
+// Each node also keeps FenceCounters (1024) shared fence counters, and a
+// key draws its fences from counter number FNV-1a(key) mod 1024 on every
+// node. An acquisition raises that counter by one on each node where it
+// sets the lock key (in the same script, so atomically with taking the key
+// there) and takes F, the highest counter of its majority. F must then be
+// on a majority: when a majority of the nodes it locked already reached F
+// (the usual case, their counters were equal) it is; otherwise a second
+// round writes F to every node with a "set if greater" script that only
+// writes while the node still holds the owner token, and F is the grant's
+// fence only when a majority took it.
 //
 // Why that is monotonic: grant G1 put F1 on a majority M1, on each node
 // while holding its key there. A later grant G2 took the key on a majority
@@ -60,24 +62,55 @@
 // G1's write happened before G1's key left n, which is before G2 took n and
 // raised its counter. So G2 raises that counter above F1, and its fence, the
 // highest counter of M2, is greater than F1. Renewals write the grant's
-// fence to a repaired node as well.
+// fence to a repaired node as well. Sharing a counter changes nothing in
+// this argument, because a counter only ever grows: other keys' grants can
+// only raise it.
 //
-// The argument breaks when a node forgets its counter: a node restarting
+// The argument breaks when a node forgets its counters: a node restarting
 // empty (no persistence, or AOF with appendfsync everysec losing its last
-// second) may be the only node of an intersection, and the next grant then
-// reads a smaller maximum. Run the nodes with appendonly yes and appendfsync
-// always if the fence must hold across crashes; with fewer guarantees the
-// fence is only as monotonic as the counters are durable. Counters above
-// 2^53 lose precision in Lua.
+// second), or evicting a counter, may be the only node of an intersection,
+// and the next grant then reads a smaller maximum. Run the nodes with
+// appendonly yes and appendfsync always if the fence must hold across
+// crashes, and with noeviction or a volatile-* maxmemory policy; with fewer
+// guarantees the fence is only as monotonic as the counters are durable.
+// Counters above 2^53 lose precision in Lua.
+//
+// The shared counters bound what the fences leave behind: at most 1024
+// keys per node, however many lock names are ever used (one counter per
+// name, never expiring, would leave one key per name on every node
+// forever; counters that expired would let fences go back). The price: the
+// fences of keys that share a counter interleave, so a key's fences grow
+// faster than its own grant count and are not consecutive; a fence is only
+// ever compared with other fences of the same key. The count is fixed:
+// every client must map a key to the same counter.
+//
+// Upgrading from the per-key counters "Prefix fence:K" of earlier
+// versions: the acquisition script, on each node where it takes the key and
+// finds the key's old counter, first raises the shared counter to
+// max(old counter, shared counter) and deletes the old counter, then
+// raises the shared counter, atomically; so no fence goes back (the old
+// grant's fence was on a majority of old counters, which the new majority
+// meets). Old counters of keys that are not acquired again stay until an
+// operator calls MigrateFenceCounters, which folds and deletes them the same
+// way on every node. During a roll-out, clients of both versions exclude
+// each other (the lock keys are unchanged), but an old client acquiring a
+// key whose old counters were deleted draws fences from 1 again, lower
+// than fences already issued (a resource that checks fences refuses them):
+// where fences matter, stop the old clients before starting new ones.
 //
 // # Restarts
 //
-// A node that restarts empty forgets the keys it held, so until the next
-// renewal repairs it another client can count it towards a majority of its
-// own while this grant still counts it: two holders. As the Redis
-// documentation says, run the nodes with persistence (appendonly yes,
-// appendfsync always) or keep a crashed node down for longer than the
-// longest TTL in use before it rejoins (delayed restart).
+// A node that restarts empty forgets the keys it held (as do an eviction,
+// a FLUSHALL or a failover to a replica without the key), so another
+// client can count it towards a majority of its own while this grant still
+// believes it holds: two holders, until this grant's next renewal finds
+// the key missing on too many nodes and reports the loss
+// (driver.ErrLeaseLost; the root package cancels the lease's context). The
+// renewal bounds how long the two overlap (one heartbeat interval, TTL/3
+// by default, plus the renewal's round trip); it cannot prevent it. As the Redis documentation says, run
+// the nodes with persistence (appendonly yes, appendfsync always) or keep
+// a crashed node down for longer than the longest TTL in use before it
+// rejoins (delayed restart).
 //
 // # Timing assumptions, and when not to use it
 //
@@ -104,6 +137,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"net/url"
 	"slices"
 	"strconv"
@@ -125,6 +159,11 @@ func init() {
 
 // MinNodes is the smallest number of nodes New and Open accept.
 const MinNodes = 3
+
+// FenceCounters is the number of shared fence counters on each node: a key
+// draws its fences from counter FNV-1a(key) mod FenceCounters, named
+// "Prefix fences:N" (see "Fencing" in the package doc).
+const FenceCounters = 1024
 
 // Options configure a Driver. A nil *Options selects every default.
 type Options struct {
@@ -273,8 +312,18 @@ func (d *Driver) isClosed() bool {
 	return d.closed
 }
 
-func (d *Driver) lockKey(key string) string  { return d.prefix + "lock:" + key }
-func (d *Driver) fenceKey(key string) string { return d.prefix + "fence:" + key }
+func (d *Driver) lockKey(key string) string { return d.prefix + "lock:" + key }
+
+// fenceKey returns the name of key's shared fence counter.
+func (d *Driver) fenceKey(key string) string {
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return d.prefix + "fences:" + strconv.FormatUint(uint64(h.Sum32()%FenceCounters), 10)
+}
+
+// legacyFenceKey returns the name of key's per-key fence counter of earlier
+// versions.
+func (d *Driver) legacyFenceKey(key string) string { return d.prefix + "fence:" + key }
 
 func (d *Driver) nodeTimeout(ttl time.Duration) time.Duration {
 	if d.nodeTO > 0 {
@@ -286,9 +335,11 @@ func (d *Driver) nodeTimeout(ttl time.Duration) time.Duration {
 	return min(max(ttl/10, 10*time.Millisecond), time.Second)
 }
 
-// lockScript takes the lock key if it is absent (or already ours), raises
-// the fence counter by one (INCR, 64-bit) and returns {1, new counter}, or
-// {0, 0} when another owner holds the key.
+// lockScript takes the lock key KEYS[1] if it is absent (or already ours),
+// folds the legacy per-key counter KEYS[3], if any, into the shared fence
+// counter KEYS[2] (max) and deletes it, raises the shared counter by one
+// (INCR, 64-bit) and returns {1, new counter}, or {0, 0} when another owner
+// holds the key.
 var lockScript = redis.NewScript(`
 local cur = redis.call('GET', KEYS[1])
 if cur == false then
@@ -298,7 +349,27 @@ elseif cur ~= ARGV[1] then
 else
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
+local old = redis.call('GET', KEYS[3])
+if old then
+  if tonumber(old) > tonumber(redis.call('GET', KEYS[2]) or '0') then
+    redis.call('SET', KEYS[2], old)
+  end
+  redis.call('DEL', KEYS[3])
+end
 return {1, redis.call('INCR', KEYS[2])}
+`)
+
+// foldScript folds the legacy per-key counter KEYS[1] into the shared
+// counter KEYS[2] (max) and deletes it. It returns 1, or 0 when the legacy
+// counter was already gone.
+var foldScript = redis.NewScript(`
+local old = redis.call('GET', KEYS[1])
+if not old then return 0 end
+if tonumber(old) > tonumber(redis.call('GET', KEYS[2]) or '0') then
+  redis.call('SET', KEYS[2], old)
+end
+redis.call('DEL', KEYS[1])
+return 1
 `)
 
 // fenceScript raises the fence counter to ARGV[2] while the node still
@@ -449,7 +520,7 @@ func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (dri
 	}
 	start := time.Now()
 	nto := d.nodeTimeout(req.TTL)
-	keys := []string{d.lockKey(req.Key), d.fenceKey(req.Key)}
+	keys := []string{d.lockKey(req.Key), d.fenceKey(req.Key), d.legacyFenceKey(req.Key)}
 	// The whole attempt (both rounds) must end within half the TTL.
 	callerCtx := ctx
 	ctx, cancel := context.WithDeadline(ctx, start.Add(req.TTL/2))
@@ -514,7 +585,7 @@ func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (dri
 	}
 	if atFence < d.quorum {
 		ferrs := d.each(ctx, nto, func(ctx context.Context, i int, c redis.Scripter) error {
-			n, err := fenceScript.Run(ctx, c, keys, req.Owner, strconv.FormatUint(fence, 10)).Int64()
+			n, err := fenceScript.Run(ctx, c, keys[:2], req.Owner, strconv.FormatUint(fence, 10)).Int64()
 			if err != nil {
 				return err
 			}
@@ -674,3 +745,74 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 		return fmt.Errorf("redlockdriver: release %q: %w", key, d.quorumErr("release", errs, driver.ErrUnavailable))
 	}
 }
+
+// MigrateFenceCounters folds every legacy per-key fence counter
+// ("Prefix fence:K", written by versions before the shared counters; see
+// "Fencing" in the package doc) into its shared counter on the same node,
+// raising that counter to the larger of the two, and deletes it: one atomic
+// script per counter, found by SCAN on every node in parallel, bounded by
+// ctx only. It is an operator's one-off clean-up, safe while clients
+// acquire and to run again (it then finds nothing); run it once no client
+// of an earlier version is left. It returns the number of counters folded
+// over all nodes, and an error joining each failed node's (SCAN missing
+// from a node's client matches errors.ErrUnsupported; driver.ErrClosed
+// after Close); a failed node keeps its remaining counters, and a later run
+// folds them.
+func (d *Driver) MigrateFenceCounters(ctx context.Context) (int, error) {
+	if d.isClosed() {
+		return 0, fmt.Errorf("redlockdriver: migrate fence counters: %w", driver.ErrClosed)
+	}
+	pattern := globEscaper.Replace(d.prefix+"fence:") + "*"
+	folded := make([]int, len(d.nodes))
+	var errs []error
+	for i, err := range d.each(ctx, maxMigrate, func(ctx context.Context, i int, c redis.Scripter) error {
+		s, ok := c.(interface {
+			Scan(ctx context.Context, cursor uint64, match string, count int64) *redis.ScanCmd
+		})
+		if !ok {
+			return fmt.Errorf("the client cannot SCAN: %w", errors.ErrUnsupported)
+		}
+		var cursor uint64
+		for {
+			keys, next, err := s.Scan(ctx, cursor, pattern, 1000).Result()
+			if err != nil {
+				return err
+			}
+			for _, k := range keys {
+				key, ok := strings.CutPrefix(k, d.prefix+"fence:")
+				if !ok {
+					continue
+				}
+				n, err := foldScript.Run(ctx, c, []string{k, d.fenceKey(key)}).Int()
+				if err != nil {
+					return err
+				}
+				folded[i] += n
+			}
+			if next == 0 {
+				return nil
+			}
+			cursor = next
+		}
+	}) {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", d.names[i], err))
+		}
+	}
+	total := 0
+	for _, n := range folded {
+		total += n
+	}
+	if len(errs) > 0 {
+		return total, fmt.Errorf("redlockdriver: migrate fence counters: %w", errors.Join(errs...))
+	}
+	return total, nil
+}
+
+// maxMigrate bounds MigrateFenceCounters on one node when ctx has no
+// earlier deadline.
+const maxMigrate = time.Hour
+
+// globEscaper quotes the characters that SCAN MATCH patterns treat
+// specially.
+var globEscaper = strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`, `]`, `\]`)

@@ -210,7 +210,7 @@ func TestRedlock(t *testing.T) {
 		if v, err := c0.Get(ctx, "dlock:redlock:lock:repair").Result(); err != nil || v != r.Owner {
 			t.Fatalf("node 0 lock key after renew = %q, %v; want the owner token", v, err)
 		}
-		if v, err := c0.Get(ctx, "dlock:redlock:fence:repair").Uint64(); err != nil || v != g.Fence {
+		if v, err := c0.Get(ctx, d.FenceCounterKey("repair")).Uint64(); err != nil || v != g.Fence {
 			t.Fatalf("node 0 fence counter after renew = %d, %v; want %d", v, err, g.Fence)
 		}
 		if pttl, err := c0.PTTL(ctx, "dlock:redlock:lock:repair").Result(); err != nil || pttl <= 0 || pttl > 2*time.Second {
@@ -254,7 +254,7 @@ func TestRedlock(t *testing.T) {
 		// Nodes 3 and 4 had lower counters: the second round wrote the
 		// fence to the whole majority.
 		for i, n := range rs[2:] {
-			if v, err := client(t, n).Get(ctx, "dlock:redlock:fence:fence").Uint64(); err != nil || v != g2.Fence {
+			if v, err := client(t, n).Get(ctx, d.FenceCounterKey("fence")).Uint64(); err != nil || v != g2.Fence {
 				t.Fatalf("node %d fence counter = %d, %v; want %d", i+2, v, err, g2.Fence)
 			}
 		}
