@@ -11,8 +11,10 @@
 //
 // # How it works
 //
-// Each key maps to a 64-bit advisory lock id: the first 8 bytes of
-// SHA-256("dlock:" + key), read as a big-endian int64 (LockID). An
+// Each key maps to a 64-bit advisory lock id (Driver.LockID): the first 8
+// bytes of SHA-256("dlock:" + key), read as a big-endian int64 (LockID), for
+// the default key table; for any other key table the hash also covers the
+// table's qualified name, so each key table has its own ids. An
 // acquisition takes a connection from the pool and runs one statement on it
 // that calls pg_try_advisory_lock(id) and, only when that succeeded, writes
 // the key, owner token, holder, backend pid and a fence drawn from a
@@ -64,18 +66,21 @@
 //     session and checked or released in another, and idle_session_timeout
 //     kills sessions the proxy shares. Connect directly to PostgreSQL, or
 //     through a proxy in session mode.
-//   - Hash collisions: two different keys can map to the same lock id (for
-//     n keys in use at once, the chance is about n²/2⁶⁵). They never share
-//     a grant silently: the second key simply finds the id held, and
-//     TryAcquire reports ErrNotAcquired naming the key that holds the id,
-//     read from the key table. The two keys then exclude each other, which
-//     is safe but may surprise.
-//   - Advisory lock ids belong to the database, not to a schema: drivers
-//     with different Options.Schema on the same database contend for the
-//     same keys (safe), but each keeps its own key table and fence
-//     sequence, so fences are only comparable within one schema. Other
-//     code that takes advisory locks in the same database shares the id
-//     space too.
+//   - Advisory lock ids belong to the database, not to a schema. Drivers
+//     with different key tables (Options.Schema or Options.Table) are
+//     independent all the same, because a key's id depends on its table
+//     (Driver.LockID): the key "k" of schema "a" and the key "k" of schema
+//     "b" are two locks, each with its own fences. Drivers that must
+//     exclude each other must use the same schema and table.
+//   - Hash collisions: two different keys (of one key table or of two) can
+//     map to the same lock id (for n keys in use at once, the chance is
+//     about n²/2⁶⁵), and other code taking advisory locks in the same
+//     database shares the id space. They never share a grant silently: the
+//     second key simply finds the id held; TryAcquire reports
+//     ErrNotAcquired (naming the key that holds the id when the holder is
+//     in the same key table), and Inspect reports the key held, by the
+//     holder's backend pid, rather than free. The two keys then exclude
+//     each other, which is safe but may surprise.
 //   - Fences come from a sequence drawn after the lock is held, in the same
 //     statement, so a key's fences increase in grant order. They are as
 //     durable as the commit of that statement, which waits for the WAL
@@ -85,6 +90,22 @@
 //     should be.
 //   - The database server's timer decides expiry (idle_session_timeout);
 //     the client's wall clock is never used.
+//
+// # Upgrading from versions with one id space per database
+//
+// Earlier versions took the id SHA-256("dlock:" + key) whatever the key
+// table, so drivers on different schemas contended for the same keys (and
+// Inspect in one schema said "free" for a key held in another). The default
+// key table ("public"."dlock_advisory") keeps exactly those ids, so its
+// clients upgrade one by one, old and new side by side, with nothing to do.
+// Any other key table gets new ids: old and new clients of it do not
+// exclude each other, so they must not run side by side; stop every old
+// client of that table (or wait until it holds no lease) before starting
+// new ones. Its rows of the old ids stay in the key table, never reported
+// (their sessions hold no lock), until deleted (DELETE FROM the key table
+// WHERE pid NOT IN (SELECT pid FROM pg_stat_activity) removes them and any
+// other row of a dead session). Fences come from the table's own sequence
+// and keep increasing across the upgrade.
 package pgadvisory
 
 import (
@@ -146,9 +167,11 @@ type Options struct {
 	ListenConfig *pgx.ConnConfig
 }
 
-// LockID returns the advisory lock id of key: the first 8 bytes of
-// SHA-256("dlock:" + key), as a big-endian int64. pg_locks shows it as
-// classid (high 32 bits) and objid (low 32 bits) with objsubid 1.
+// LockID returns the advisory lock id of key in the default key table
+// ("public"."dlock_advisory"), which is also the id of every key table in
+// earlier versions: the first 8 bytes of SHA-256("dlock:" + key), as a
+// big-endian int64. pg_locks shows it as classid (high 32 bits) and objid
+// (low 32 bits) with objsubid 1. Driver.LockID gives a driver's own ids.
 func LockID(key string) int64 {
 	sum := sha256.Sum256([]byte("dlock:" + key))
 	return int64(binary.BigEndian.Uint64(sum[:8]))
@@ -314,10 +337,11 @@ SELECT pg_advisory_unlock($1::bigint),
 	// Remaining: idle_session_timeout counts from the end of the session's
 	// last statement, which pg_stat_activity.state_change shows (NULL when
 	// the role may not see other sessions: Remaining is then 0, unknown).
-	cols := `SELECT k.key, k.fence, k.holder, k.ttl_us,
-	coalesce(CASE WHEN a.state = 'idle' THEN greatest(0, k.ttl_us - (extract(epoch FROM clock_timestamp() - a.state_change) * 1000000)::bigint) ELSE k.ttl_us END, 0)
+	row := `k.key, k.fence, k.holder, k.ttl_us,
+	coalesce(CASE WHEN a.state = 'idle' THEN greatest(0, k.ttl_us - (extract(epoch FROM clock_timestamp() - a.state_change) * 1000000)::bigint) ELSE k.ttl_us END, 0)`
+	cols := `SELECT ` + row + `
 FROM ` + d.table + ` k LEFT JOIN pg_stat_activity a ON a.pid = k.pid`
-	d.sqlInspect = cols + ` WHERE k.lock_id = $1 AND k.key = $2 AND ` + held
+	d.sqlInspect = d.inspectSQL(row)
 	d.sqlList = cols + ` WHERE k.key LIKE $1 AND ` + held + ` ORDER BY k.key`
 }
 
@@ -446,7 +470,7 @@ type attempt struct {
 }
 
 func (d *Driver) tryAcquire(ctx context.Context, c *pgxpool.Conn, req driver.AcquireRequest) (driver.Grant, error) {
-	id := LockID(req.Key)
+	id := d.LockID(req.Key)
 	var (
 		ok     bool
 		fence  *int64
@@ -643,12 +667,18 @@ func scanHolder(row pgx.Row) (driver.HolderInfo, error) {
 
 // Inspect implements driver.Inspector. Remaining is the server's
 // idle_session_timeout left on the holder's session (0 when the role may
-// not see that session in pg_stat_activity); Waiters is -1.
+// not see that session in pg_stat_activity); Waiters is -1. It returns
+// driver.ErrNotAcquired only when no session holds key's lock id
+// (d.LockID), so never for a key that TryAcquire would refuse: when the id
+// is held by a session without a grant of key in this key table (a hash
+// collision, another key table or schema, an earlier dlock version during
+// an upgrade, other code taking advisory locks), it returns a HolderInfo
+// with Fence 0, TTL 0 and a Holder that names that session's backend pid.
 func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, error) {
 	var info driver.HolderInfo
 	err := d.query(ctx, func(c *pgxpool.Conn) error {
 		var err error
-		info, err = scanHolder(c.QueryRow(ctx, d.sqlInspect, LockID(key), key))
+		info, err = d.inspect(ctx, c, key)
 		return err
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
