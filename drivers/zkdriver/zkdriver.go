@@ -5,19 +5,44 @@
 //
 //	zk://host:port[,host:port…]/root[?session_timeout=4s&op_timeout=5s]
 //
-// The root path defaults to "/dlock" and is created (persistent) when
-// missing.
+// The root path defaults to "/dlock"; it and its child "/.locks" are
+// created (persistent) when missing. A root with a path element starting
+// with "." is refused (see "Roots" below).
 //
 // # The lock recipe
 //
 // This is ZooKeeper's own lock recipe ("ZooKeeper Recipes and Solutions",
-// Locks). A key K is the container node <root>/<escaped K> (see escapeKey:
-// everything outside printable ASCII, and "%", "/" and ".", is
+// Locks). A key K is the container node <root>/.locks/<escaped K> (see
+// escapeKey: everything outside printable ASCII, and "%", "/" and ".", is
 // percent-escaped, so any valid key works, "/" included; ZooKeeper deletes
 // empty container nodes by itself). Every acquisition attempt creates one
 // ephemeral sequential child "<owner token>-<sequence>" in it. The holder of
 // K is the child with the lowest sequence number; the others wait, each
 // watching only the child just before its own (no herd, FIFO).
+//
+// # Roots
+//
+// Drivers with different roots are independent, whatever the roots: "/team"
+// and "/team/app" (nested), or "/team" and "/team2". Key nodes live only
+// under the reserved child <root>/.locks, and a root may not have a path
+// element that starts with "." (Open returns an error), so no root can lie
+// inside another root's .locks node, and no escaped key (in which every "."
+// is escaped) can be a reserved name. Other children of the root are never
+// read.
+//
+// # Upgrading from the layout without .locks
+//
+// Versions before the .locks node kept K's container at <root>/<escaped K>,
+// where a driver on "/team" took the nodes of a driver on "/team/app" for
+// holders of its key "app" (and waited for them until ZooKeeper removed the
+// empty containers). Old and new clients do not see each other's nodes, so
+// they must not run side by side on the same root: during a rolling upgrade
+// each side would grant a key the other holds. Stop every old client of a
+// root (or wait until none holds or waits for a key: no child of the root
+// other than .locks has children) before starting new ones. Nothing needs
+// to be deleted: old lock nodes are ephemeral and go with their sessions,
+// and their empty containers are removed by ZooKeeper. Fences (creation
+// zxids) keep increasing across the upgrade.
 //
 // # Fencing
 //
@@ -195,6 +220,9 @@ func Open(ctx context.Context, u *url.URL, opts *Options) (*Driver, error) {
 	if d.root == "" {
 		d.root = DefaultRoot
 	}
+	if err := validateRoot(d.root); err != nil {
+		return nil, err
+	}
 	if err := urlparam.Durations(q, map[string]*time.Duration{"session_timeout": &d.sessionTimeout, "op_timeout": &d.opTimeout}); err != nil {
 		return nil, fmt.Errorf("zkdriver: %w", err)
 	}
@@ -225,8 +253,8 @@ func Open(ctx context.Context, u *url.URL, opts *Options) (*Driver, error) {
 	case <-octx.Done():
 		return fail(fmt.Errorf("no session: %w", octx.Err()))
 	}
-	// Create the root, one level at a time.
-	parts := strings.Split(strings.Trim(d.root, "/"), "/")
+	// Create the root and its .locks node, one level at a time.
+	parts := append(strings.Split(strings.Trim(d.root, "/"), "/"), locksDir)
 	for i := range parts {
 		p := "/" + strings.Join(parts[:i+1], "/")
 		_, err := do(octx, d, func() (string, error) { return d.conn.Create(p, nil, zk.FlagPersistent, zk.WorldACL(zk.PermAll)) }, nil)
@@ -405,7 +433,7 @@ func escapeKey(key string) string {
 
 func unescapeKey(s string) (string, error) { return url.PathUnescape(s) }
 
-func (d *Driver) dir(key string) string { return d.root + "/" + escapeKey(key) }
+func (d *Driver) dir(key string) string { return d.locks() + "/" + escapeKey(key) }
 
 // value is what a node stores.
 type value struct {
@@ -966,7 +994,7 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, er
 // List returns the held keys starting with prefix, sorted by key.
 func (d *Driver) List(ctx context.Context, prefix string) ([]driver.HolderInfo, error) {
 	dirs, err := do(ctx, d, func() ([]string, error) {
-		c, _, err := d.conn.Children(d.root)
+		c, _, err := d.conn.Children(d.locks())
 		return c, err
 	}, nil)
 	if err != nil {

@@ -375,7 +375,7 @@ func TestSession_ExpiryLosesAllGrantsAndNewSessionAdoptsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	foreign := req("sess/c")
-	if _, err := raw.Create("/dlock/sess%2Fc/"+foreign.Owner+"-", nil, zk.FlagEphemeralSequential, zk.WorldACL(zk.PermAll)); err != nil {
+	if _, err := raw.Create("/dlock/.locks/sess%2Fc/"+foreign.Owner+"-", nil, zk.FlagEphemeralSequential, zk.WorldACL(zk.PermAll)); err != nil {
 		t.Fatal(err)
 	}
 	if err := d1.Renew(ctx, foreign.Key, foreign.Owner, time.Second); !errors.Is(err, driver.ErrLeaseLost) {
