@@ -194,8 +194,11 @@ func (ls *Lease) end(ctx context.Context, reason error) error {
 		// The store release runs even when ctx has already ended (bounded by
 		// the op timeout): a caller that gives up must not leave the grant
 		// held until its TTL.
+		// Classified against the caller's ctx: the op timeout running out
+		// is the store not answering (ErrUnavailable), not the caller
+		// giving up.
 		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ls.opts.opTimeout)
-		err = l.classify("release", ls.key, octx, l.drv.Release(octx, ls.key, ls.owner))
+		err = l.classify("release", ls.key, ctx, l.drv.Release(octx, ls.key, ls.owner))
 		cancel()
 	}
 	l.observer(ls.opts).LeaseEnded(EndEvent{Store: l.store, KeyClass: ls.opts.keyClass, Held: time.Since(ls.start)})

@@ -8,8 +8,9 @@ import (
 )
 
 // LeaseSet is a group of leases acquired together by AcquireAll. It is lost
-// as a whole: when any member is lost, Done closes and Context is cancelled
-// with that member's ErrLeaseLost.
+// as a whole: when any member is lost, Done closes, Context is cancelled
+// with that member's ErrLeaseLost, and the other members are released on
+// the store at once (in the background).
 type LeaseSet struct {
 	leases []*Lease
 
@@ -56,10 +57,37 @@ func (l *Locker) AcquireAll(ctx context.Context, keys []string, opts ...Option) 
 	set.ctx, set.cancel = context.WithCancelCause(context.Background())
 	for _, ls := range leases {
 		set.stops = append(set.stops, context.AfterFunc(ls.Context(), func() {
-			set.cancel(context.Cause(ls.Context()))
+			cause := context.Cause(ls.Context())
+			set.cancel(cause)
+			if errors.Is(cause, ErrLeaseLost) {
+				set.releaseOthers(l, ls)
+			}
 		}))
 	}
 	return set, nil
+}
+
+// releaseOthers releases, in the background and in reverse key order,
+// every member but lost: the set is lost as a whole, so its other keys must
+// not stay held (and renewed) until the caller gets round to Release. The
+// Locker's Close waits for it. Their Release then returns nil (or what the
+// store said), and the set's Release still reports the loss.
+func (s *LeaseSet) releaseOthers(l *Locker, lost *Lease) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return // Close ends every lease itself
+	}
+	l.cleanups.Add(1) // under l.mu, so never concurrently with Close's Wait
+	l.mu.Unlock()
+	go func() {
+		defer l.cleanups.Done()
+		for i := len(s.leases) - 1; i >= 0; i-- {
+			if ls := s.leases[i]; ls != lost {
+				_ = ls.Release(context.Background()) // bounded by the op timeout
+			}
+		}
+	}()
 }
 
 // Leases returns the members, sorted by key.

@@ -28,9 +28,12 @@ type FaultDriver struct {
 
 	mu          sync.Mutex
 	blockRenew  bool
+	blockKeys   map[string]bool // renewals of these keys only are blocked
 	cut         bool
 	delay       time.Duration
 	dropRelease bool
+	refused     map[string]int // TryAcquire answers of ErrNotAcquired, by key
+	waiting     map[string]int // Wait calls in flight, by key
 }
 
 // NewFaultDriver wraps d. logf (for example t.Logf) receives each
@@ -97,6 +100,40 @@ func (f *FaultDriver) BlockRenewals(on bool) {
 	f.logf("faults: renewals %s", onOff(on, "blocked until their context ends", "pass through"))
 }
 
+// BlockRenewalsOf makes the renewals of key alone hang until their context
+// ends, or undoes it; the driver's other keys renew as usual (one member of
+// a set losing its lease).
+func (f *FaultDriver) BlockRenewalsOf(key string, on bool) {
+	f.mu.Lock()
+	if f.blockKeys == nil {
+		f.blockKeys = map[string]bool{}
+	}
+	if on {
+		f.blockKeys[key] = true
+	} else {
+		delete(f.blockKeys, key)
+	}
+	f.mu.Unlock()
+	f.logf("faults: renewals of %q %s", key, onOff(on, "blocked until their context ends", "pass through"))
+}
+
+// Refused returns how many TryAcquire calls on key the store answered with
+// ErrNotAcquired: a polling acquisition has found the key held at least that
+// many times.
+func (f *FaultDriver) Refused(key string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.refused[key]
+}
+
+// Waiting returns how many Wait calls on key are in flight in the store
+// driver (a waiter queued by the store, or on its way to be).
+func (f *FaultDriver) Waiting(key string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.waiting[key]
+}
+
 // CutOff makes every call fail at once with ErrCutOff (a partition between
 // this client and the store), or undoes it.
 func (f *FaultDriver) CutOff(on bool) {
@@ -154,7 +191,16 @@ func (f *FaultDriver) TryAcquire(ctx context.Context, req driver.AcquireRequest)
 	if err := f.before(ctx); err != nil {
 		return driver.Grant{}, err
 	}
-	return f.inner.TryAcquire(ctx, req)
+	g, err := f.inner.TryAcquire(ctx, req)
+	if errors.Is(err, driver.ErrNotAcquired) {
+		f.mu.Lock()
+		if f.refused == nil {
+			f.refused = map[string]int{}
+		}
+		f.refused[req.Key]++
+		f.mu.Unlock()
+	}
+	return g, err
 }
 
 // Renew implements driver.Driver.
@@ -163,7 +209,7 @@ func (f *FaultDriver) Renew(ctx context.Context, key, owner string, ttl time.Dur
 		return err
 	}
 	f.mu.Lock()
-	block := f.blockRenew
+	block := f.blockRenew || f.blockKeys[key]
 	f.mu.Unlock()
 	if block {
 		<-ctx.Done()
@@ -197,6 +243,17 @@ func (f *FaultDriver) wait(ctx context.Context, req driver.AcquireRequest) (driv
 	if err := f.before(ctx); err != nil {
 		return driver.Grant{}, err
 	}
+	f.mu.Lock()
+	if f.waiting == nil {
+		f.waiting = map[string]int{}
+	}
+	f.waiting[req.Key]++
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		f.waiting[req.Key]--
+		f.mu.Unlock()
+	}()
 	return f.inner.(driver.Waiter).Wait(ctx, req)
 }
 

@@ -24,6 +24,9 @@ func harness(name string, wrap func(driver.Driver) driver.Driver) dlocktest.Harn
 		StopStore:  func() error { s.SetDown(true); return nil },
 		StartStore: func() error { s.SetDown(false); return nil },
 		TTL:        300 * time.Millisecond,
+		// mem lacks FreezeStore/ThawStore and NewDriverVia by nature:
+		NoFreezeReason: "in-process store: there is no server process to stop, and a call cannot hang on it",
+		NoLinkReason:   "in-process store: there is no network link to hold or reset",
 	}
 }
 

@@ -183,6 +183,7 @@ func LockID(key string) int64 {
 type Driver struct {
 	pool    Pool
 	ownPool *pgxpool.Pool
+	conns   *pgcommon.ConnTracker // ownPool's sockets, cut short by Close
 	schema  string
 	table   string // qualified, quoted
 	seq     string
@@ -199,6 +200,7 @@ type Driver struct {
 	closed   bool
 	watchers sync.WaitGroup
 	bg       sync.WaitGroup // detached acquisitions and renewals still running
+	detached pgcommon.Detacher
 
 	sqlAcquire, sqlRenew, sqlRelease, sqlInspect, sqlList string
 }
@@ -287,6 +289,8 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgadvisory: %w", err)
 	}
+	conns := pgcommon.NewConnTracker()
+	cfg.ConnConfig.DialFunc = conns.Wrap(cfg.ConnConfig.DialFunc)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pgadvisory: %w", err)
@@ -296,7 +300,7 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 		pool.Close()
 		return nil, err
 	}
-	d.ownPool = pool
+	d.ownPool, d.conns = pool, conns
 	if err := pool.Ping(ctx); err != nil {
 		d.Close()
 		return nil, fmt.Errorf("pgadvisory: %w: %w", driver.ErrUnavailable, err)
@@ -444,7 +448,7 @@ func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (dri
 	d.pending[req.Owner] = a
 	d.bg.Add(1)
 	d.mu.Unlock()
-	qctx, cancel := pgcommon.Detach(ctx)
+	qctx, cancel := d.detached.Detach(ctx)
 	go func() {
 		defer d.bg.Done()
 		defer cancel()
@@ -557,7 +561,7 @@ func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration
 	if s == nil {
 		return driver.ErrLeaseLost
 	}
-	qctx, cancel := pgcommon.Detach(ctx)
+	qctx, cancel := d.detached.Detach(ctx)
 	result := make(chan error, 1)
 	d.bg.Add(1)
 	go func() {
@@ -591,7 +595,11 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 // Close closes the connection of every lease still held, which ends their
 // sessions and so releases their locks (advisory locks cannot outlive a
 // session), stops the hint listener, waits for the per-lease goroutines,
-// and closes the pool that Open created. Closing twice returns nil.
+// and closes the pool that Open created. Every step that waits for the
+// server gives it pgcommon.CloseGrace (100 ms) and then closes the socket
+// instead, so Close returns promptly even when the server does not answer;
+// a closed session releases its locks all the same. Closing twice returns
+// nil.
 func (d *Driver) Close() error {
 	d.mu.Lock()
 	if d.closed {
@@ -604,15 +612,25 @@ func (d *Driver) Close() error {
 		sessions = append(sessions, s)
 	}
 	d.mu.Unlock()
+	var kills sync.WaitGroup
 	for _, s := range sessions {
-		s.kill()
+		kills.Add(1)
+		go func() {
+			defer kills.Done()
+			s.kill()
+		}()
 	}
-	d.bg.Wait()
+	kills.Wait()
+	if !pgcommon.WaitGrace(&d.bg, pgcommon.CloseGrace) {
+		d.detached.Abort()
+		d.bg.Wait()
+	}
 	d.watchers.Wait()
 	if d.hub != nil {
 		d.hub.Close()
 	}
 	if d.ownPool != nil {
+		d.conns.Abort(pgcommon.CloseGrace)
 		d.ownPool.Close()
 	}
 	return nil

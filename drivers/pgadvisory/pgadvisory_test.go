@@ -31,14 +31,24 @@ func advisoryURL(pg *testservers.Postgres) string {
 // would.
 func TestConformance(t *testing.T) {
 	pg := testservers.StartPostgres(t)
+	// Frozen: SIGSTOP of the postmaster's process group, every backend
+	// included.
+	freezer := testservers.NewFreezer(t, func() []int { return []int{pg.PID()} })
 	dlocktest.Run(t, dlocktest.Harness{
 		Name: "pgadvisory",
 		NewDriver: func(ctx context.Context) (driver.Driver, error) {
 			return pgadvisory.Open(ctx, advisoryURL(pg))
 		},
-		StopStore:  pg.Stop,
-		StartStore: pg.Start,
-		TTL:        500 * time.Millisecond,
+		StopStore:   pg.Stop,
+		StartStore:  pg.Start,
+		FreezeStore: freezer.Freeze,
+		ThawStore:   freezer.Thaw,
+		NewDriverVia: func(ctx context.Context, via func(string) string) (driver.Driver, error) {
+			return pgadvisory.Open(ctx, strings.Replace(advisoryURL(pg), pg.Addr(), via(pg.Addr()), 1))
+		},
+		ResetEndsLease:       true,
+		ResetEndsLeaseReason: "an advisory lock lives and dies with its session: a connection reset ends the session and so the lock",
+		TTL:                  500 * time.Millisecond,
 	})
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/internal/pgcommon"
 )
 
 // errGone: the session ended before the caller could use its connection.
@@ -166,10 +167,11 @@ func (s *session) end(closeConn, lost bool) {
 }
 
 // kill ends the session for the driver's Close: released cleanly when the
-// connection answers within a second, else closed. Grant.Lost closes.
+// connection answers within pgcommon.CloseGrace, else closed (which ends
+// the session and so its lock all the same). Grant.Lost closes.
 func (s *session) kill() {
 	s.stopWatcher()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), pgcommon.CloseGrace)
 	defer cancel()
 	unlocked, err := s.unlock(ctx)
 	if errors.Is(err, errGone) {

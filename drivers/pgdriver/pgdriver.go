@@ -142,7 +142,8 @@ type Options struct {
 // concurrent use.
 type Driver struct {
 	db      DB
-	ownPool *pgxpool.Pool // created by Open; closed by Close
+	ownPool *pgxpool.Pool         // created by Open; closed by Close
+	conns   *pgcommon.ConnTracker // ownPool's sockets, cut short by Close
 	schema  string
 	table   string // qualified, quoted
 	seq     string // qualified, quoted
@@ -158,6 +159,8 @@ type Driver struct {
 	mu      sync.Mutex
 	pending map[string]*attempt // acquisitions in flight, by owner token
 	bg      sync.WaitGroup      // their goroutines
+
+	detached pgcommon.Detacher // the statements' contexts, ended by Close
 
 	sqlAcquire, sqlRenew, sqlRelease, sqlInspect, sqlList, sqlPrune string
 }
@@ -240,6 +243,8 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgdriver: %w", err)
 	}
+	conns := pgcommon.NewConnTracker()
+	cfg.ConnConfig.DialFunc = conns.Wrap(cfg.ConnConfig.DialFunc)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pgdriver: %w", err)
@@ -249,7 +254,7 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 		pool.Close()
 		return nil, err
 	}
-	d.ownPool = pool
+	d.ownPool, d.conns = pool, conns
 	if err := pool.Ping(ctx); err != nil {
 		d.Close()
 		return nil, fmt.Errorf("pgdriver: %w: %w", driver.ErrUnavailable, err)
@@ -374,7 +379,7 @@ func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (dri
 	d.pending[req.Owner] = a
 	d.bg.Add(1)
 	d.mu.Unlock()
-	qctx, cancel := pgcommon.Detach(ctx)
+	qctx, cancel := d.detached.Detach(ctx)
 	go func() {
 		defer d.bg.Done()
 		defer cancel()
@@ -467,18 +472,25 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 	return nil
 }
 
-// Close stops the release-hint listener, waits for acquisition statements
-// still finishing in the background, and closes the pool that Open
-// created; a DB given to New stays open. Grants stay in the table and
-// expire by their TTL. Closing twice returns nil.
+// Close stops the release-hint listener, gives acquisition statements
+// still finishing in the background pgcommon.CloseGrace (100 ms) before it
+// interrupts them, and closes the pool that Open created, giving each of
+// its connections as long again; a DB given to New stays open. So Close
+// returns promptly even when the server does not answer (frozen, or the
+// network silently dropping packets). Grants stay in the table and expire
+// by their TTL. Closing twice returns nil.
 func (d *Driver) Close() error {
 	d.closeOnce.Do(func() {
 		d.closed.Store(true)
 		if d.hub != nil {
 			d.hub.Close()
 		}
-		d.bg.Wait()
+		if !pgcommon.WaitGrace(&d.bg, pgcommon.CloseGrace) {
+			d.detached.Abort()
+			d.bg.Wait()
+		}
 		if d.ownPool != nil {
+			d.conns.Abort(pgcommon.CloseGrace)
 			d.ownPool.Close()
 		}
 	})

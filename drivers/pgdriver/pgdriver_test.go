@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -27,14 +28,22 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // would.
 func TestConformance(t *testing.T) {
 	pg := testservers.StartPostgres(t)
+	// Frozen: SIGSTOP of the postmaster's process group, every backend
+	// included.
+	freezer := testservers.NewFreezer(t, func() []int { return []int{pg.PID()} })
 	dlocktest.Run(t, dlocktest.Harness{
 		Name: "postgres",
 		NewDriver: func(ctx context.Context) (driver.Driver, error) {
 			return pgdriver.Open(ctx, pg.URL())
 		},
-		StopStore:  pg.Stop,
-		StartStore: pg.Start,
-		TTL:        500 * time.Millisecond,
+		StopStore:   pg.Stop,
+		StartStore:  pg.Start,
+		FreezeStore: freezer.Freeze,
+		ThawStore:   freezer.Thaw,
+		NewDriverVia: func(ctx context.Context, via func(string) string) (driver.Driver, error) {
+			return pgdriver.Open(ctx, strings.Replace(pg.URL(), pg.Addr(), via(pg.Addr()), 1))
+		},
+		TTL: 500 * time.Millisecond,
 	})
 }
 

@@ -1,0 +1,95 @@
+package dlocktest
+
+import (
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+)
+
+// lossBase is how late after its validity deadline a lost lease's Done may
+// be observed on an idle machine; schedProbe.slack adds what the machine's
+// measured scheduling delay calls for (a loaded CI runner under -race).
+const lossBase = 50 * time.Millisecond
+
+// schedProbe measures the scheduling delay of this process while a subtest
+// waits: a goroutine sleeps 2 ms again and again and records how late it
+// wakes. Timing tolerances scale with the worst delay it saw, so they are
+// tight on an idle machine and do not flake on a loaded one; ordering checks
+// (A's deadline before B's grant) stay exact.
+type schedProbe struct {
+	stop  chan struct{}
+	done  chan struct{}
+	worst atomic.Int64
+}
+
+// startProbe starts a probe that runs until the subtest ends.
+func startProbe(t TB) *schedProbe {
+	p := &schedProbe{stop: make(chan struct{}), done: make(chan struct{})}
+	go p.run()
+	t.Cleanup(p.close)
+	return p
+}
+
+func (p *schedProbe) run() {
+	defer close(p.done)
+	const step = 2 * time.Millisecond
+	timer := time.NewTimer(step)
+	defer timer.Stop()
+	due := time.Now().Add(step)
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-timer.C:
+		}
+		if late := time.Since(due); int64(late) > p.worst.Load() {
+			p.worst.Store(int64(late))
+		}
+		due = time.Now().Add(step)
+		timer.Reset(step)
+	}
+}
+
+func (p *schedProbe) close() {
+	select {
+	case <-p.stop:
+	default:
+		close(p.stop)
+	}
+	<-p.done
+}
+
+// Worst returns the longest scheduling delay seen so far.
+func (p *schedProbe) Worst() time.Duration { return time.Duration(p.worst.Load()) }
+
+// slack returns base plus four times the worst scheduling delay seen: how
+// late after its time an event may be observed.
+func (p *schedProbe) slack(base time.Duration) time.Duration { return base + 4*p.Worst() }
+
+// awaitLost waits until ls is lost (at most its deadline plus limit), checks
+// that Done closed no later than the lease's own final deadline plus the
+// measured slack and that Err matches ErrLeaseLost, reports the lateness,
+// and returns when Done was observed.
+func awaitLost(t TB, p *schedProbe, ls *dlock.Lease, what string, limit time.Duration) time.Time {
+	t.Helper()
+	timer := time.NewTimer(time.Until(ls.Deadline()) + limit)
+	defer timer.Stop()
+	select {
+	case <-ls.Done():
+	case <-timer.C:
+		t.Fatalf("%s: lease still held %v after its deadline", what, time.Since(ls.Deadline()))
+	}
+	doneAt := time.Now()
+	late := doneAt.Sub(ls.Deadline())
+	slack := p.slack(lossBase)
+	t.Logf("%s: Done observed %v after the lease's deadline (allowed %v: scheduling delay up to %v)", what, late, slack, p.Worst())
+	if late > slack {
+		t.Errorf("%s: Done closed %v after the lease's deadline, more than the %v allowed", what, late, slack)
+	}
+	if !errors.Is(ls.Err(), dlock.ErrLeaseLost) {
+		t.Errorf("%s: Err() = %v, want ErrLeaseLost", what, ls.Err())
+	}
+	return doneAt
+}
