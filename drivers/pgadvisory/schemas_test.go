@@ -1,6 +1,7 @@
 package pgadvisory_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -155,4 +156,21 @@ func TestInspect_NeverFreeForAKeyItCannotAcquire(t *testing.T) {
 		t.Fatalf("Inspect of a free key = %v, want ErrNotAcquired", err)
 	}
 	mustGrant(t, b, req("k", "owner-b-0123456789abcdef", time.Minute))
+}
+
+// TestDriver_KeyMigrateDoesNotBlockMigrations: the DDL of both PostgreSQL
+// drivers runs under a transaction-scoped advisory lock, in the same id
+// space as the keys' session locks. Its id was SHA-256("dlock:migrate"),
+// which is also LockID("migrate"), so holding the key "migrate" blocked the
+// first use of every new schema or table in the database.
+func TestDriver_KeyMigrateDoesNotBlockMigrations(t *testing.T) {
+	pg := testservers.StartPostgres(t)
+	holder := newDriver(t, newPool(t, pg), nil)
+	mustGrant(t, holder, req("migrate", "owner-migrate-0123456789abcdef", time.Minute))
+	fresh := newDriver(t, newPool(t, pg), &pgadvisory.Options{Schema: "fresh"})
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if _, err := fresh.TryAcquire(ctx, req("k", "owner-k-0123456789abcdef", time.Minute)); err != nil {
+		t.Fatalf("first use of a new schema while the key \"migrate\" is held: %v", err)
+	}
 }

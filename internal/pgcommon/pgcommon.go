@@ -27,8 +27,15 @@ type Execer interface {
 // MigrateLockID is the transaction-scoped advisory lock id that serializes
 // dlock's DDL, so that concurrent first uses cannot race on CREATE … IF NOT
 // EXISTS (which is not safe under concurrency by itself). It is the first 8
-// bytes of SHA-256("dlock:migrate"), as a big-endian int64.
-const MigrateLockID int64 = -7980655741748766965 // 0x913f03e2de62170b
+// bytes of SHA-256("dlock\x00migrate"), as a big-endian int64. It shares
+// the database's advisory lock id space with pgadvisory's keys, whose ids
+// hash strings that start with "dlock:", so no key maps to it by
+// construction. (Earlier versions hashed "dlock:migrate", which is
+// pgadvisory's id of the key "migrate": holding that key blocked every
+// migration in the database. During an upgrade, an old and a new client
+// can each run a first-use migration at once; one of them may then fail
+// once and is retried on its next call.)
+const MigrateLockID int64 = -8414651896607302138 // 0x8b3926aeca279e06
 
 // SyncCommitOn is an SQL expression for a statement's RETURNING list (or
 // select list) that makes the statement's transaction commit synchronously

@@ -2,6 +2,8 @@ package pgcommon
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"net/url"
 	"strings"
 	"testing"
@@ -72,5 +74,12 @@ func TestDetach_IgnoresCancelKeepsLaterDeadline(t *testing.T) {
 	defer stop2()
 	if d, _ := ctx2.Deadline(); time.Until(d) < 59*time.Minute {
 		t.Fatalf("later parent deadline not kept: %v", d)
+	}
+}
+
+func TestMigrateLockID_IsDocumentedHash(t *testing.T) {
+	sum := sha256.Sum256([]byte("dlock\x00migrate"))
+	if want := int64(binary.BigEndian.Uint64(sum[:8])); MigrateLockID != want {
+		t.Fatalf("MigrateLockID = %d, want %d", MigrateLockID, want)
 	}
 }
