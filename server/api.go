@@ -23,10 +23,8 @@ type api struct {
 }
 
 // newGRPCServer returns the gRPC server of s, with its limits and panic
-// recovery. Start calls it after creating the mux and before serving: it
-// binds the mux's limits to s (see the limits type).
+// recovery.
 func newGRPCServer(s *Server) *grpc.Server {
-	s.mux.bind(s)
 	lim := s.limits()
 	g := grpc.NewServer(
 		grpc.MaxRecvMsgSize(s.cfg.MaxRequestBytes),

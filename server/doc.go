@@ -177,7 +177,27 @@
 // 400, FAILED_PRECONDITION 409 for a held lock, NOT_FOUND 404 for a lost
 // lease, RESOURCE_EXHAUSTED 429 or 413 for limits, UNAVAILABLE 503 when not
 // the leader or shutting down). A request is validated whole before any
-// proposal, so a malformed request never changes the state.
+// proposal, so a malformed request never changes the state. JSON requests
+// ignore unknown fields, as protobuf does, for forward compatibility. A
+// panic in a handler is recovered, logged with its stack and answered
+// INTERNAL: no request can take the process down.
+//
+// Every resource a client can make the server hold is capped, each by a
+// flag, and a refusal is counted in dlockd_limit_refusals_total{limit} and
+// logged at info at most once per limit per 10 s: connections (one more is
+// closed at once; Accept errors such as EMFILE are retried with backoff and
+// never close the port), streams per connection (HTTP/2
+// MAX_CONCURRENT_STREAMS), Session, Wait and Watch streams of the node
+// (RESOURCE_EXHAUSTED, TOO_MANY_STREAMS), waiting requests of the node
+// (TOO_MANY_WAITING_REQUESTS), queue entries per key and of the table
+// (TOO_MANY_WAITERS), leases (TOO_MANY_LEASES), request size (413
+// REQUEST_TOO_LARGE), the time to send an HTTP body (408 BODY_TIMEOUT; the
+// deadline is cleared before a long-poll wait), and a Watch stream's unread
+// events (the stream ends with WATCH_BACKLOG_FULL rather than drop a LOST
+// event; the client reconnects, and its own deadlines keep it safe). A
+// Session stream with MaxInflightPerStream calls running is not read until
+// one is answered, so HTTP/2 flow control pushes back on a client that
+// pipelines without reading.
 //
 // Clients that make many calls use Session, one long-lived bidirectional
 // stream per client that carries Acquire (without wait), Release and Renew

@@ -139,7 +139,17 @@ func unary[Req, Resp proto.Message](s *Server, name string, newReq func() Req, c
 		}
 		resp, err := call(r.Context(), req)
 		s.requestDone(transportHTTP, name, keyOf(req), err, start)
-		writeReply(w, resp, err)
+		werr := writeReply(w, resp, err)
+		if g, ok := any(resp).(*dlockv1.AcquireResponse); ok && err == nil && g.GetClaimWithin() != nil {
+			// A grant handed over after a wait that did not reach its
+			// receiver is released at once, not after the claim window.
+			if werr == nil {
+				werr = http.NewResponseController(w).Flush()
+			}
+			if werr != nil {
+				_ = s.undo(keyOwner{g.GetKey(), g.GetOwner()})
+			}
+		}
 	})
 }
 
@@ -272,7 +282,9 @@ var errTooLarge = apiErr(codes.ResourceExhausted, ReasonTooLarge, "request body 
 
 var jsonOut = protojson.MarshalOptions{EmitUnpopulated: true, UseProtoNames: true}
 
-func writeReply(w http.ResponseWriter, resp proto.Message, err error) {
+// writeReply writes resp, or err as a JSON error with the HTTP status of
+// its code, and returns the error of the write.
+func writeReply(w http.ResponseWriter, resp proto.Message, err error) error {
 	if err != nil {
 		var ae *apiError
 		if !errors.As(err, &ae) {
@@ -283,15 +295,16 @@ func writeReply(w http.ResponseWriter, resp proto.Message, err error) {
 			code = http.StatusInternalServerError
 		}
 		writeError(w, code, ae)
-		return
+		return nil
 	}
 	b, merr := jsonOut.Marshal(resp)
 	if merr != nil {
 		http.Error(w, merr.Error(), http.StatusInternalServerError)
-		return
+		return merr
 	}
 	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write(append(b, '\n'))
+	_, werr := w.Write(append(b, '\n'))
+	return werr
 }
 
 func writeError(w http.ResponseWriter, status int, ae *apiError) {

@@ -64,12 +64,11 @@ const logEvery = 10 * time.Second
 // bookkeeping. The zero value counts nothing and refuses nothing until
 // bind; every method is safe for concurrent use.
 //
-// It lives on the connection mux (Server.mux.lim), the front door every
-// connection passes, because Server (server.go) has no field for it: Start
-// creates the mux, then newGRPCServer binds its limits to the server before
-// anything is served.
+// The Server owns it (Server.lim, made by New); the connection mux, the
+// gRPC server, the HTTP handlers and the Session streams all count through
+// it.
 type limits struct {
-	s *Server // set once by bind, before serving
+	s *Server // set once by bind, in New
 
 	sessionStreams, waitStreams, watchStreams, waiting atomic.Int64
 
@@ -84,14 +83,14 @@ type refusalLog struct {
 	suppressed int       // refusals since, not logged
 }
 
-// bind attaches l to s. Call it before serving.
+// bind attaches l to s. New calls it.
 func (l *limits) bind(s *Server) {
 	l.s = s
 	l.now = time.Now
 }
 
 // limits returns the node's limits; see the limits type.
-func (s *Server) limits() *limits { return s.mux.lim }
+func (s *Server) limits() *limits { return s.lim }
 
 // refused counts one refusal of limit and logs it at info unless a line for
 // the same limit was logged less than logEvery ago; msg says what was

@@ -20,7 +20,7 @@ import (
 //
 // It is the front door: it caps the open connections at
 // Config.MaxConnections (one more is closed at once and counted), and it
-// keeps the node's other limits (lim, see limits.go). An Accept error other
+// counts its refusals in the node's limits (see limits.go). An Accept error other
 // than a closed listener (EMFILE, ENFILE, ECONNABORTED, ...) is logged and
 // retried after a pause of 5ms doubling to 1s, as net/http does, so that
 // running out of file descriptors never closes the API port for good.
@@ -30,8 +30,8 @@ type connMux struct {
 	http *chanListener
 	lim  *limits
 
-	log      *slog.Logger // set by bind
-	maxConns int64        // set by bind; 0: no cap
+	log      *slog.Logger
+	maxConns int64        // 0: no cap
 	conns    atomic.Int64 // open connections, counted from Accept to Close
 
 	wg        sync.WaitGroup
@@ -44,27 +44,22 @@ type connMux struct {
 // nil in production.
 var listenerHook atomic.Pointer[func(net.Listener) net.Listener]
 
-func newConnMux(root net.Listener) *connMux {
+// newConnMux splits root, capping its connections at maxConns (0: no cap)
+// and counting refusals in lim.
+func newConnMux(root net.Listener, lim *limits, log *slog.Logger, maxConns int) *connMux {
 	if h := listenerHook.Load(); h != nil {
 		root = (*h)(root)
 	}
 	done := make(chan struct{})
 	return &connMux{
-		root: root,
-		grpc: &chanListener{addr: root.Addr(), ch: make(chan net.Conn), done: done},
-		http: &chanListener{addr: root.Addr(), ch: make(chan net.Conn), done: done},
-		lim:  &limits{},
-		log:  slog.Default(),
-		done: done,
+		root:     root,
+		grpc:     &chanListener{addr: root.Addr(), ch: make(chan net.Conn), done: done},
+		http:     &chanListener{addr: root.Addr(), ch: make(chan net.Conn), done: done},
+		lim:      lim,
+		log:      log,
+		maxConns: int64(maxConns),
+		done:     done,
 	}
-}
-
-// bind gives the mux (and its limits) the server's configuration, logger
-// and metrics. newGRPCServer calls it, before serve starts.
-func (m *connMux) bind(s *Server) {
-	m.log = s.log
-	m.maxConns = int64(s.cfg.MaxConnections)
-	m.lim.bind(s)
 }
 
 // Accept retry pauses: the first, and the longest.

@@ -46,6 +46,7 @@ type Server struct {
 	sessions    sessionHub
 	metrics     *metrics
 	lockMetrics *lockMetrics
+	lim         *limits   // capped resources of this node and their refusals
 	calls       *callPool // runs Session calls
 
 	raft      *raft.Raft
@@ -94,6 +95,8 @@ func New(cfg Config) (*Server, error) {
 	s.fsm = newFSM(s)
 	s.metrics = newMetrics(s)
 	s.lockMetrics = newLockMetrics(s.metrics.reg)
+	s.lim = &limits{}
+	s.lim.bind(s)
 	return s, nil
 }
 
@@ -204,7 +207,7 @@ func (s *Server) Start() (err error) {
 	if err != nil {
 		return fmt.Errorf("dlockd: listen: %w", err)
 	}
-	s.mux = newConnMux(s.ln)
+	s.mux = newConnMux(s.ln, s.lim, s.log, s.cfg.MaxConnections)
 	s.calls = newCallPool(8*runtime.GOMAXPROCS(0), s.stopCh)
 	s.grpcSrv = newGRPCServer(s)
 	s.httpSrv = &http.Server{
