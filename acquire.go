@@ -52,7 +52,7 @@ func (l *Locker) acquire(ctx context.Context, key string, wait bool, o options) 
 		var g driver.Grant
 		var err error
 		if wait && canWait {
-			g, err = waiter.Wait(actx, req)
+			g, err = waiter.Wait(driver.WithOpTimeout(actx, o.opTimeout), req)
 			if err == nil && time.Since(sent) >= o.effectiveHeartbeat() {
 				// The grant came by notification some time after the
 				// request was sent; re-anchor validity with a renewal.

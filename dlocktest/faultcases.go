@@ -143,7 +143,7 @@ func (s *suite) testFrozen(t TB) {
 	})
 	timed("Close", c.Close)
 
-	awaitLost(t, probe, held, "held lease with the store frozen", 10*time.Second)
+	awaitLost(t, probe, held, "held lease with the store frozen", 10*time.Second, nil)
 	for range 5 {
 		r := <-results
 		limit := op + probe.slack(time.Second)
@@ -364,6 +364,7 @@ func (s *suite) testLinkHealed(t TB) {
 	k := key(t, "k")
 	la := mustAcquire(t, a, k, dlock.WithTTL(ttl))
 	probe := startProbe(t)
+	lost := watchDone(la)
 	ps.each(func(p *netproxy.Proxy) { p.Hold() })
 	heal := sync.OnceFunc(func() { ps.each(func(p *netproxy.Proxy) { p.Release() }) })
 	t.Cleanup(heal)
@@ -377,7 +378,7 @@ func (s *suite) testLinkHealed(t TB) {
 	}
 	defer func() { _ = lb.Release(context.WithoutCancel(t.Context())) }()
 	t.Logf("B granted %v after the holder's link was held", grantedB.Sub(heldAt))
-	awaitLost(t, probe, la, "lease of the client whose link is held", 5*time.Second)
+	awaitLost(t, probe, la, "lease of the client whose link is held", 5*time.Second, lost)
 	if !la.Deadline().Before(grantedB) {
 		t.Errorf("B was granted %v before A's deadline", la.Deadline().Sub(grantedB))
 	}

@@ -763,7 +763,7 @@ func (s *suite) testStoreDownLosesLease(t TB) {
 	ls := mustAcquire(t, l, k, dlock.WithTTL(ttl))
 	probe := startProbe(t)
 	s.stopStore(t)
-	awaitLost(t, probe, ls, "lease with the store gone", 10*time.Second)
+	awaitLost(t, probe, ls, "lease with the store gone", 10*time.Second, nil)
 }
 
 func (s *suite) testFailOpen(t TB) {
@@ -819,7 +819,7 @@ func (s *suite) testCutOff(t TB) {
 	if !errors.Is(err, dlock.ErrUnavailable) || !errors.Is(err, ErrCutOff) {
 		t.Fatalf("TryAcquire while cut off = %v, want ErrUnavailable wrapping the store error", err)
 	}
-	awaitLost(t, probe, ls, "lease while cut off", 10*time.Second)
+	awaitLost(t, probe, ls, "lease while cut off", 10*time.Second, nil)
 	fd.CutOff(false)
 }
 
@@ -880,7 +880,7 @@ func (s *suite) testAcquireAllLost(t TB) {
 	probe := startProbe(t)
 	members := set.Leases()
 	fa.BlockRenewalsOf(keys[0], true)
-	awaitLost(t, probe, members[0], "the member whose renewals were blocked", 3*ttl)
+	awaitLost(t, probe, members[0], "the member whose renewals were blocked", 3*ttl, nil)
 	select {
 	case <-set.Done():
 	default:

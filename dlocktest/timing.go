@@ -68,20 +68,36 @@ func (p *schedProbe) Worst() time.Duration { return time.Duration(p.worst.Load()
 // late after its time an event may be observed.
 func (p *schedProbe) slack(base time.Duration) time.Duration { return base + 4*p.Worst() }
 
-// awaitLost waits until ls is lost (at most its deadline plus limit), checks
-// that Done closed no later than the lease's own final deadline plus the
-// measured slack and that Err matches ErrLeaseLost, reports the lateness,
-// and returns when Done was observed.
-func awaitLost(t TB, p *schedProbe, ls *dlock.Lease, what string, limit time.Duration) time.Time {
+// watchDone starts observing ls.Done at once and returns a channel that
+// receives when it was observed closed; awaitLost takes it, so that a loss
+// that happens while the subtest is busy elsewhere is timed when it happens.
+func watchDone(ls *dlock.Lease) <-chan time.Time {
+	ch := make(chan time.Time, 1)
+	go func() {
+		<-ls.Done() // every lease ends: lost, released, or closed with its Locker
+		ch <- time.Now()
+	}()
+	return ch
+}
+
+// awaitLost waits until ls is lost (at most its deadline plus limit), as
+// observed by watch (from watchDone, started before whatever may delay this
+// call; nil starts one now), checks that Done closed no later than the
+// lease's own final deadline plus the measured slack and that Err matches
+// ErrLeaseLost, reports the lateness, and returns when Done was observed.
+func awaitLost(t TB, p *schedProbe, ls *dlock.Lease, what string, limit time.Duration, watch <-chan time.Time) time.Time {
 	t.Helper()
+	if watch == nil {
+		watch = watchDone(ls)
+	}
 	timer := time.NewTimer(time.Until(ls.Deadline()) + limit)
 	defer timer.Stop()
+	var doneAt time.Time
 	select {
-	case <-ls.Done():
+	case doneAt = <-watch:
 	case <-timer.C:
 		t.Fatalf("%s: lease still held %v after its deadline", what, time.Since(ls.Deadline()))
 	}
-	doneAt := time.Now()
 	late := doneAt.Sub(ls.Deadline())
 	slack := p.slack(lossBase)
 	t.Logf("%s: Done observed %v after the lease's deadline (allowed %v: scheduling delay up to %v)", what, late, slack, p.Worst())

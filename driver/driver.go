@@ -132,7 +132,28 @@ type Waiter interface {
 	// ctx ends first, Wait removes everything it left on the store (queue
 	// entry, node, or a grant that raced the cancellation) before it
 	// returns an error that matches ctx.Err().
+	//
+	// ctx has no deadline of its own for the wait, but carries the
+	// caller's op timeout (OpTimeout): a store that has not acknowledged
+	// the wait (queued it or granted the key) within it does not answer,
+	// and Wait returns a store error, as any other call would.
 	Wait(ctx context.Context, req AcquireRequest) (Grant, error)
+}
+
+type opTimeoutKey struct{}
+
+// WithOpTimeout returns a copy of ctx that carries the caller's op timeout:
+// how long one store round trip may take before the store counts as
+// unavailable. The root package sets it on the context of Waiter.Wait.
+func WithOpTimeout(ctx context.Context, d time.Duration) context.Context {
+	return context.WithValue(ctx, opTimeoutKey{}, d)
+}
+
+// OpTimeout returns the op timeout ctx carries (see WithOpTimeout), or 0
+// when it carries none.
+func OpTimeout(ctx context.Context) time.Duration {
+	d, _ := ctx.Value(opTimeoutKey{}).(time.Duration)
+	return d
 }
 
 // HolderInfo describes the current grant of a key.

@@ -20,6 +20,7 @@ import (
 	"github.com/dlock-dev/dlock/dlocktest"
 	"github.com/dlock-dev/dlock/driver"
 	"github.com/dlock-dev/dlock/drivers/dlockddriver"
+	"github.com/dlock-dev/dlock/internal/testservers"
 	dlockv1 "github.com/dlock-dev/dlock/proto/dlock/v1"
 	"github.com/dlock-dev/dlock/server/servertest"
 )
@@ -59,18 +60,28 @@ func TestConformance_Embedded(t *testing.T) {
 		NewDriver:  func(ctx context.Context) (driver.Driver, error) { return openURL(ctx, srv.Addr()) },
 		StopStore:  srv.Stop,
 		StartStore: srv.Start,
-		TTL:        time.Second,
+		NewDriverVia: func(ctx context.Context, via func(string) string) (driver.Driver, error) {
+			return openURL(ctx, via(srv.Addr()))
+		},
+		NoFreezeReason: "the embedded server runs in the test process, which SIGSTOP would stop too (TestConformance_Subprocess freezes its dlockd)",
+		TTL:            time.Second,
 	})
 }
 
 func TestConformance_Subprocess(t *testing.T) {
 	p := servertest.StartProcess(t)
+	freezer := testservers.NewFreezer(t, func() []int { return []int{p.PID()} })
 	dlocktest.Run(t, dlocktest.Harness{
-		Name:       "dlockd",
-		NewDriver:  func(ctx context.Context) (driver.Driver, error) { return openURL(ctx, p.Addr()) },
-		StopStore:  p.Stop,
-		StartStore: p.Start,
-		TTL:        time.Second,
+		Name:        "dlockd",
+		NewDriver:   func(ctx context.Context) (driver.Driver, error) { return openURL(ctx, p.Addr()) },
+		StopStore:   p.Stop,
+		StartStore:  p.Start,
+		FreezeStore: freezer.Freeze,
+		ThawStore:   freezer.Thaw,
+		NewDriverVia: func(ctx context.Context, via func(string) string) (driver.Driver, error) {
+			return openURL(ctx, via(p.Addr()))
+		},
+		TTL: time.Second,
 	})
 }
 

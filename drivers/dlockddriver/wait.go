@@ -120,6 +120,14 @@ func (d *Driver) waitOnce(ctx context.Context, req driver.AcquireRequest) (*dloc
 		return nil, mapErr(ctx, "wait", req.Key, err)
 	}
 
+	// The server answers at once: QUEUED, or GRANTED when the key is
+	// free. One that does not answer within the caller's op timeout is not
+	// answering at all (frozen, or the network silently dropping packets):
+	// give up with a store error rather than wait for the keepalive.
+	first := time.NewTimer(answerTimeout(ctx))
+	defer first.Stop()
+	answered := false
+
 	events := make(chan recvd, 4)
 	go func() {
 		for {
@@ -137,7 +145,12 @@ func (d *Driver) waitOnce(ctx context.Context, req driver.AcquireRequest) (*dloc
 
 	for {
 		select {
+		case <-first.C:
+			if !answered {
+				return nil, fmt.Errorf("dlockd: wait %q: %w: the server did not acknowledge the wait within %v", req.Key, driver.ErrUnavailable, answerTimeout(ctx))
+			}
 		case r := <-events:
+			answered = true
 			if r.err != nil {
 				return nil, mapErr(ctx, "wait", req.Key, r.err)
 			}
@@ -151,6 +164,15 @@ func (d *Driver) waitOnce(ctx context.Context, req driver.AcquireRequest) (*dloc
 			return nil, d.cancelWait(ctx, req, stream, events)
 		}
 	}
+}
+
+// answerTimeout is how long Wait waits for the server's first answer: the
+// caller's op timeout (driver.OpTimeout), or 5 s.
+func answerTimeout(ctx context.Context) time.Duration {
+	if d := driver.OpTimeout(ctx); d > 0 {
+		return d
+	}
+	return 5 * time.Second
 }
 
 // recvd is one result of a Wait stream's Recv.

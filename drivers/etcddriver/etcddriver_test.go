@@ -27,18 +27,25 @@ func TestMain(m *testing.M) {
 
 func TestConformance(t *testing.T) {
 	e := testservers.StartEtcd(t)
+	freezer := testservers.NewFreezer(t, func() []int { return []int{e.PID()} })
+	open := func(ctx context.Context, addr string) (driver.Driver, error) {
+		u, err := url.Parse("etcd://" + addr + "?op_timeout=2s&dial_timeout=1s")
+		if err != nil {
+			return nil, err
+		}
+		return etcddriver.Open(ctx, u)
+	}
 	dlocktest.Run(t, dlocktest.Harness{
-		Name: "etcd",
-		NewDriver: func(ctx context.Context) (driver.Driver, error) {
-			u, err := url.Parse(e.URL() + "?op_timeout=2s&dial_timeout=1s")
-			if err != nil {
-				return nil, err
-			}
-			return etcddriver.Open(ctx, u)
+		Name:        "etcd",
+		NewDriver:   func(ctx context.Context) (driver.Driver, error) { return open(ctx, e.Addr()) },
+		StopStore:   func() error { e.Stop(); return nil },
+		StartStore:  e.Start,
+		FreezeStore: freezer.Freeze,
+		ThawStore:   freezer.Thaw,
+		NewDriverVia: func(ctx context.Context, via func(string) string) (driver.Driver, error) {
+			return open(ctx, via(e.Addr()))
 		},
-		StopStore:  func() error { e.Stop(); return nil },
-		StartStore: e.Start,
-		TTL:        time.Second,
+		TTL: time.Second,
 	})
 }
 

@@ -69,6 +69,13 @@ func each(rs []*testservers.Redis, fn func(r *testservers.Redis) error) error {
 
 func TestConformance(t *testing.T) {
 	rs := testservers.StartRedisN(t, nodes)
+	freezer := testservers.NewFreezer(t, func() []int {
+		var pids []int
+		for _, r := range rs {
+			pids = append(pids, r.PID())
+		}
+		return pids
+	})
 	dlocktest.Run(t, dlocktest.Harness{
 		Name: "redlock",
 		NewDriver: func(ctx context.Context) (driver.Driver, error) {
@@ -78,9 +85,22 @@ func TestConformance(t *testing.T) {
 			}
 			return redlockdriver.Open(ctx, u)
 		},
-		StopStore:  func() error { return each(rs, (*testservers.Redis).Stop) },
-		StartStore: func() error { return each(rs, (*testservers.Redis).Start) },
-		TTL:        time.Second,
+		StopStore:   func() error { return each(rs, (*testservers.Redis).Stop) },
+		StartStore:  func() error { return each(rs, (*testservers.Redis).Start) },
+		FreezeStore: freezer.Freeze, // every node
+		ThawStore:   freezer.Thaw,
+		NewDriverVia: func(ctx context.Context, via func(string) string) (driver.Driver, error) {
+			raw := redlockURL(rs)
+			for _, r := range rs {
+				raw = strings.Replace(raw, r.Addr(), via(r.Addr()), 1)
+			}
+			u, err := url.Parse(raw)
+			if err != nil {
+				return nil, err
+			}
+			return redlockdriver.Open(ctx, u)
+		},
+		TTL: time.Second,
 	})
 }
 

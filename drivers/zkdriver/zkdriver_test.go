@@ -124,6 +124,7 @@ func (e *env) expire(d driver.Driver) error {
 
 func TestConformance(t *testing.T) {
 	e := newEnv(t)
+	freezer := testservers.NewFreezer(t, func() []int { return []int{e.z.PID()} })
 	dlocktest.Run(t, dlocktest.Harness{
 		Name: "zk",
 		NewDriver: func(ctx context.Context) (driver.Driver, error) {
@@ -132,8 +133,20 @@ func TestConformance(t *testing.T) {
 		},
 		StopStore:   func() error { e.z.Stop(); return nil },
 		StartStore:  e.z.Start,
-		TTL:         time.Second,
-		ForceExpiry: func(ctx context.Context, d driver.Driver) error { return e.expire(d) },
+		FreezeStore: freezer.Freeze,
+		ThawStore:   freezer.Thaw,
+		NewDriverVia: func(ctx context.Context, via func(string) string) (driver.Driver, error) {
+			u, err := url.Parse(strings.Replace(e.z.URL(), e.z.Addr(), via(e.z.Addr()), 1) +
+				fmt.Sprintf("?session_timeout=%s&op_timeout=1s", sessionTimeout))
+			if err != nil {
+				return nil, err
+			}
+			return zkdriver.Open(ctx, u, nil)
+		},
+		ResetEndsLease:       true,
+		ResetEndsLeaseReason: "the driver declares every grant of a connection lost when the connection drops (it cannot tell a reset from a partition the server will expire)",
+		TTL:                  time.Second,
+		ForceExpiry:          func(ctx context.Context, d driver.Driver) error { return e.expire(d) },
 	})
 }
 
