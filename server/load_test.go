@@ -37,6 +37,14 @@ func rssKiB(t *testing.T, pid int, field string) int {
 	return 0
 }
 
+// heap reports the server's Go heap in use and goroutines, from /metrics.
+func heap(t *testing.T, addr string) string {
+	t.Helper()
+	inuse, _ := strconv.ParseFloat(metric(t, addr, "go_memstats_heap_inuse_bytes"), 64)
+	stack, _ := strconv.ParseFloat(metric(t, addr, "go_memstats_stack_inuse_bytes"), 64)
+	return fmt.Sprintf("heap in use %d MiB, stacks %d MiB, %s goroutines", int(inuse)>>20, int(stack)>>20, metric(t, addr, "go_goroutines"))
+}
+
 // conns opens n client connections to addr.
 func conns(t *testing.T, addr string, n int) []dlockv1.LockClient {
 	t.Helper()
@@ -100,12 +108,16 @@ func TestLoad_AbuseLeavesServerBoundedAndResponsive(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 1000 {
-				sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
+				// The stream lives until the test ends; only its opening is
+				// bounded (grpc-go queues streams beyond the per-connection
+				// cap: those count as not opened).
+				sctx, scancel := context.WithCancel(ctx)
+				timer := time.AfterFunc(5*time.Second, scancel)
 				w, err := c.Watch(sctx, &dlockv1.WatchRequest{Session: fmt.Sprintf("session-%08d", opened.Load()+refused.Load())})
 				if err == nil {
 					_, err = w.Recv()
 				}
-				if err != nil {
+				if !timer.Stop() || err != nil {
 					refused.Add(1)
 					scancel()
 					continue
@@ -116,7 +128,7 @@ func TestLoad_AbuseLeavesServerBoundedAndResponsive(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	t.Logf("watch streams: %d open, %d refused or timed out; server RSS %d MiB", opened.Load(), refused.Load(), rssKiB(t, pid, "VmRSS")>>10)
+	t.Logf("watch streams: %d open, %d refused or timed out; server RSS %d MiB, %s", opened.Load(), refused.Load(), rssKiB(t, pid, "VmRSS")>>10, heap(t, p.Addr()))
 
 	// 10,000 waiters on one key, over 10 connections.
 	if _, err := probe.Acquire(ctx, &dlockv1.AcquireRequest{Key: "hot", Owner: "owner-hot-000", Ttl: durationpb.New(time.Hour)}); err != nil {
@@ -144,7 +156,7 @@ func TestLoad_AbuseLeavesServerBoundedAndResponsive(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	t.Logf("waiters on one key: %d queued, %d refused; server RSS %d MiB", queued.Load(), qrefused.Load(), rssKiB(t, pid, "VmRSS")>>10)
+	t.Logf("waiters on one key: %d queued, %d refused; server RSS %d MiB, %s", queued.Load(), qrefused.Load(), rssKiB(t, pid, "VmRSS")>>10, heap(t, p.Addr()))
 
 	// 300,000 pipelined renewals on one Session stream, replies read
 	// concurrently.
@@ -171,7 +183,7 @@ func TestLoad_AbuseLeavesServerBoundedAndResponsive(t *testing.T) {
 		}
 	}
 	got := <-replies
-	t.Logf("pipelined renewals: %d of %d answered; server RSS %d MiB", got, calls, rssKiB(t, pid, "VmRSS")>>10)
+	t.Logf("pipelined renewals: %d of %d answered; server RSS %d MiB, %s", got, calls, rssKiB(t, pid, "VmRSS")>>10, heap(t, p.Addr()))
 	if got != calls {
 		t.Fatalf("%d of %d pipelined calls answered", got, calls)
 	}
