@@ -30,14 +30,21 @@ func TestCollector_ReportsLockFigures(t *testing.T) {
 	b := dlock.New(memdriver.New(store), dlock.WithStoreName("mem"), dlock.WithObserver(c), dlock.WithKeyClass("settlement"))
 	defer b.Close()
 
-	ls, err := a.Acquire(t.Context(), "settle:1", dlock.WithTTL(300*time.Millisecond))
+	// Renewals every 100 ms, but a TTL with room for a loaded machine's
+	// scheduling delay: the lease is lost only when renewals are blocked.
+	ls, err := a.Acquire(t.Context(), "settle:1", dlock.WithTTL(time.Second), dlock.WithHeartbeat(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.TryAcquire(t.Context(), "settle:1"); !errors.Is(err, dlock.ErrNotAcquired) {
 		t.Fatal(err)
 	}
-	time.Sleep(250 * time.Millisecond) // two renewals at 100 ms and 200 ms
+	// Await two confirmed renewals rather than sleep for them.
+	for deadline := time.Now().Add(10 * time.Second); testutil.ToFloat64(c.Renewals("mem", "settlement", "ok")) < 2; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("fewer than 2 renewals within 10 s; lease: %v", ls.Err())
+		}
+	}
 	dlocktest.Faults(fd).BlockRenewals(true)
 	<-ls.Done()
 	ls2, err := b.Acquire(t.Context(), "settle:1")

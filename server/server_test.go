@@ -217,8 +217,8 @@ func TestServer_BadInputNeverChangesState(t *testing.T) {
 	if status.Code(err) != codes.InvalidArgument {
 		t.Errorf("gRPC malformed duration: %v", err)
 	}
-	_, m = post(t, a, "/v1/list", `{}`)
-	if hs, _ := m["holders"].([]any); len(hs) != 0 {
+	code, m = post(t, a, "/v1/list", `{}`)
+	if hs, _ := m["holders"].([]any); code != http.StatusOK || len(hs) != 0 {
 		t.Fatalf("bad requests left state behind: %v", m)
 	}
 	applied := metric(t, a, "dlockd_raft_apply_seconds_count")

@@ -337,10 +337,26 @@ func TestDriver_InspectAndList(t *testing.T) {
 		}
 	}
 	// A holder whose session died is not listed, although its row stays.
-	if _, err := pool.Exec(t.Context(), "SELECT pg_terminate_backend(pid) FROM adv.dlock_advisory WHERE key = 'other'"); err != nil {
+	var pid int
+	if err := pool.QueryRow(t.Context(), "SELECT pid FROM adv.dlock_advisory WHERE key = 'other'").Scan(&pid); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond)
+	if _, err := pool.Exec(t.Context(), "SELECT pg_terminate_backend($1)", pid); err != nil {
+		t.Fatal(err)
+	}
+	// Await the end of the session's locks, not a guessed time.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var n int
+		if err := pool.QueryRow(t.Context(), "SELECT count(*) FROM pg_locks WHERE pid = $1", pid).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the terminated session %d still holds %d locks after 10 s", pid, n)
+		}
+	}
 	if _, err := d.Inspect(t.Context(), "other"); !errors.Is(err, driver.ErrNotAcquired) {
 		t.Fatalf("Inspect of a dead session's key = %v, want ErrNotAcquired", err)
 	}
@@ -350,13 +366,27 @@ func TestDriver_HintOnRelease(t *testing.T) {
 	pg := testservers.StartPostgres(t)
 	holder := newDriver(t, newPool(t, pg), nil)
 	waiter := newDriver(t, newPool(t, pg), nil)
+	observer := newPool(t, pg)
 	mustGrant(t, holder, req("k", "owner-0123456789abcdef", time.Minute))
 	hints, stop, err := waiter.Hint(t.Context(), "k")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer stop()
-	time.Sleep(300 * time.Millisecond) // LISTEN starts asynchronously
+	// LISTEN starts asynchronously: await it in pg_stat_activity.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var n int
+		err := observer.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity WHERE state = 'idle' AND query LIKE 'LISTEN %'`).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the hint listener did not LISTEN within 10 s")
+		}
+	}
 	if err := holder.Release(t.Context(), "k", "owner-0123456789abcdef"); err != nil {
 		t.Fatal(err)
 	}

@@ -50,6 +50,39 @@ func TestConformance(t *testing.T) {
 // The focused tests below check what the suite cannot see from outside: the
 // statements, the schema, the sequence.
 
+// awaitListening waits until a backend of pg has run LISTEN and is idle,
+// waiting for notifications: the release-hint listener is up. It queries
+// pg_stat_activity over a connection of its own.
+func awaitListening(t *testing.T, pg *testservers.Postgres) {
+	t.Helper()
+	awaitActivity(t, pg, "a backend idle after LISTEN", `SELECT count(*) FROM pg_stat_activity WHERE state = 'idle' AND query LIKE 'LISTEN %'`)
+}
+
+// awaitActivity waits (at most 10 s) until the query, a count, answers at
+// least 1.
+func awaitActivity(t *testing.T, pg *testservers.Postgres, what, query string, args ...any) {
+	t.Helper()
+	c, err := pgx.Connect(t.Context(), pg.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.WithoutCancel(t.Context()))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		if err := c.QueryRow(t.Context(), query, args...).Scan(&n); err != nil {
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s after 10 s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func newPool(t *testing.T, pg *testservers.Postgres) *pgxpool.Pool {
 	t.Helper()
 	pool, err := pgxpool.New(t.Context(), pg.URL())
@@ -339,9 +372,9 @@ func TestDriver_HintOnRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stop()
-	// LISTEN is set up asynchronously; release another key until the
-	// listener is surely up, which must not wake this key's waiter.
-	time.Sleep(300 * time.Millisecond)
+	// LISTEN is set up asynchronously: once it is up, a release of another
+	// key must not wake this key's waiter.
+	awaitListening(t, pg)
 	if err := holder.Release(t.Context(), "other", "owner-0123456789abcdef"); err != nil {
 		t.Fatal(err)
 	}
@@ -447,7 +480,7 @@ func TestDriver_HintsSurviveServerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stop()
-	time.Sleep(300 * time.Millisecond)
+	awaitListening(t, pg)
 	if err := pg.Stop(); err != nil {
 		t.Fatal(err)
 	}

@@ -79,7 +79,22 @@ func TestAcquireSQL_OnlyGrantsWaitForFlush(t *testing.T) {
 		}
 		done <- result{err: err, mode: m}
 	}()
-	time.Sleep(200 * time.Millisecond) // let tx2 block on tx1
+	// Await tx2 blocked on tx1 (a backend waiting for a lock), not a guessed
+	// time: committing earlier would not test the wait.
+	c3 := connect() // not c1: tx1 would see one snapshot of pg_stat_activity
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var n int
+		err := c3.QueryRow(t.Context(), "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()").Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("tx2 did not block on tx1 within 10 s")
+		}
+	}
 	if err := tx1.Commit(t.Context()); err != nil {
 		t.Fatal(err)
 	}
