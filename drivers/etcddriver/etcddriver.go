@@ -188,18 +188,18 @@ var (
 )
 
 // New returns a driver over cli. It never closes cli: Close only stops the
-// driver's own goroutines. opts may be nil. New panics when opts.Prefix is
-// invalid (see ValidatePrefix): call ValidatePrefix first when the prefix
-// comes from configuration.
-func New(cli Client, opts *Options) *Driver {
+// driver's own goroutines. opts may be nil. It returns the error of
+// ValidatePrefix when opts.Prefix is invalid (a configuration error, never
+// ErrUnavailable).
+func New(cli Client, opts *Options) (*Driver, error) {
 	var prefix string
 	if opts != nil {
 		prefix = opts.Prefix
 	}
 	if err := ValidatePrefix(prefix); err != nil {
-		panic(err)
+		return nil, err
 	}
-	return newDriver(cli, nil, opts)
+	return newDriver(cli, nil, opts), nil
 }
 
 func newDriver(cli Client, closeCli func() error, opts *Options) *Driver {

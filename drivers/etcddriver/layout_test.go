@@ -127,14 +127,9 @@ func TestPrefix_ReservedNamesAreRefused(t *testing.T) {
 			d.Close()
 			t.Errorf("Open with prefix %q succeeded", p)
 		}
-		func() {
-			defer func() {
-				if recover() == nil {
-					t.Errorf("New with prefix %q did not panic", p)
-				}
-			}()
-			etcddriver.New(cli, &etcddriver.Options{Prefix: p})
-		}()
+		if _, err := etcddriver.New(cli, &etcddriver.Options{Prefix: p}); err == nil {
+			t.Errorf("New with prefix %q succeeded", p)
+		}
 	}
 	for _, p := range []string{"/a.b", "/v1.2/locks", "/x/"} {
 		d, err := etcddriver.Open(t.Context(), mustParse(t, e.URL()+p))
