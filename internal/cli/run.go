@@ -5,15 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/internal/supervise"
 )
 
 type runFlags struct {
@@ -23,6 +24,8 @@ type runFlags struct {
 	grace       time.Duration
 	failOpen    bool
 	holder      string
+	cgroup      string
+	debug       bool
 }
 
 // runResult is what --output json prints to stderr when the command ends
@@ -45,14 +48,35 @@ func newRunCmd(g *globals) *cobra.Command {
 releases it when COMMAND ends.
 
 The command runs in its own process group with stdin, stdout and stderr
-passed through, SIGINT and SIGTERM forwarded, and DLOCK_KEY, DLOCK_FENCE and
-DLOCK_STORE in its environment (pass DLOCK_FENCE to the resource you write).
+passed through, SIGINT, SIGTERM and SIGHUP forwarded to that group, and
+DLOCK_KEY, DLOCK_FENCE and DLOCK_STORE in its environment (pass DLOCK_FENCE
+to the resource you write).
+
+Nothing the command starts outlives the lease. dlock runs it under a
+supervisor (dlock's own binary, re-executed) that owns the command's process
+group, is a child subreaper (daemons the command double-forks stay below it)
+and, where cgroup v2 is writable, puts the command in a cgroup of its own.
+It kills all of that, background and daemonized processes included:
+  - when the command ends: whatever it left running gets SIGKILL;
+  - when the lease is lost, or its validity deadline passes with no renewal
+    from dlock (dlock stopped or starved): SIGTERM, SIGKILL after --grace;
+  - when dlock itself dies (SIGKILL, OOM kill): SIGTERM, then SIGKILL after
+    --grace or at the lease's validity deadline, whichever comes first, so
+    none of it runs once another holder can get KEY.
+dlock exits, and releases KEY, only when all of it is gone (a process stuck
+in the kernel is given up on after 10s of SIGKILL, with a warning). Not
+covered: work handed to another service (systemd-run, at, a container
+runtime, ssh or any remote call), which leaves both the process tree and the
+cgroup; and, without a cgroup, daemons re-parented elsewhere if the
+supervisor itself is SIGKILLed. --debug says which mode ran; --cgroup off
+skips the cgroup.
 
 Exit status:
   the command's own   the command ran and ended (128+N if killed by signal N)
   75                  KEY is held (without --wait), or --wait-timeout passed; not run
-  70                  the lease was lost while the command ran: its process group got
-                      SIGTERM at once and SIGKILL after --grace
+  70                  the lease was lost (or its validity passed unrenewed) while the
+                      command ran: everything it started got SIGTERM at once and
+                      SIGKILL after --grace
   69                  the store could not be reached; not run (unless --fail-open)
   64                  bad flags or arguments
   126, 127            the command could not be started, or was not found`,
@@ -79,8 +103,10 @@ Exit status:
 	fl.DurationVar(&f.ttl, "ttl", 30*time.Second, "lease TTL; renewed every TTL/3 while the command runs")
 	fl.BoolVar(&f.wait, "wait", false, "wait for KEY instead of exiting 75 when it is held")
 	fl.DurationVar(&f.waitTimeout, "wait-timeout", 0, "with --wait, give up after this long and exit 75 (0: wait forever)")
-	fl.DurationVar(&f.grace, "grace", 10*time.Second, "after a lost lease, time between SIGTERM and SIGKILL of the command's group")
+	fl.DurationVar(&f.grace, "grace", 10*time.Second, "when the command is terminated (lost lease, dlock's death), time between SIGTERM and SIGKILL")
 	fl.BoolVar(&f.failOpen, "fail-open", false, "run the command without a lease when the store cannot be reached (efficiency locks only)")
+	fl.StringVar(&f.cgroup, "cgroup", "auto", `"auto": put the command in a cgroup v2 of its own when the cgroup hierarchy is writable; "off": process group and subreaper only`)
+	fl.BoolVar(&f.debug, "debug", false, "print how the command is supervised (cgroup or not) and what the supervisor does, to stderr")
 	hostname, _ := os.Hostname()
 	fl.StringVar(&f.holder, "holder", fmt.Sprintf("%s pid %d", hostname, os.Getpid()), "holder description stored with the grant")
 	return cmd
@@ -116,6 +142,13 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, key string, arg
 	if f.grace < 0 || f.waitTimeout < 0 {
 		return report(ExitUsage, "invalid", fmt.Errorf("--grace and --wait-timeout must not be negative"))
 	}
+	if f.cgroup != "auto" && f.cgroup != "off" {
+		return report(ExitUsage, "invalid", fmt.Errorf("--cgroup must be auto or off, not %q", f.cgroup))
+	}
+	// The supervisor learns of every renewal at once: it terminates the
+	// command when the validity deadline passes unrenewed.
+	renewed := &renewObserver{}
+	opts = append(opts, dlock.WithObserver(renewed))
 	locker, err := g.open(ctx)
 	var lease *dlock.Lease
 	var ee *exitError
@@ -156,61 +189,62 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, key string, arg
 		res.Fence = lease.Fence()
 		env = append(env, "DLOCK_FENCE="+strconv.FormatUint(lease.Fence(), 10))
 	}
-	child := exec.Command(argv[0], argv[1:]...)
-	child.Env = env
-	child.Stdin, child.Stdout, child.Stderr = g.stdin, g.stdout, g.stderr
-	// Own process group (signals reach the whole command); and if dlock
-	// itself dies (SIGKILL, OOM kill), the kernel kills the command, which
-	// would otherwise run on without a lease. Processes the command put in
-	// the background outlive a SIGKILLed dlock: the kernel signals only the
-	// direct child.
-	child.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-
-	// Forward SIGINT and SIGTERM to the command's group; dlock itself keeps
-	// running until the command ends, then releases.
+	// Forward SIGINT, SIGTERM and SIGHUP to the command's group; dlock
+	// itself keeps running until the command ends, then releases.
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 
-	if err := child.Start(); err != nil {
-		releaseLease(lease)
-		code := ExitCannotRun
-		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-			code = ExitNotFound
-		}
-		return report(code, "not_started", err)
+	cfg := supervise.Config{
+		Argv: argv, Env: env, Stdin: g.stdin, Stdout: g.stdout, Stderr: g.stderr,
+		Grace: f.grace, Cgroup: f.cgroup == "auto", NoCgroupReason: "--cgroup off",
+		Warnf: func(format string, args ...any) { fmt.Fprintf(g.stderr, "dlock: "+format+"\n", args...) },
 	}
-	pgid := child.Process.Pid
-	exited := make(chan error, 1)
-	go func() { exited <- child.Wait() }()
-
+	if f.debug {
+		cfg.Debugf = func(format string, args ...any) { fmt.Fprintf(g.stderr, "dlock: debug: "+format+"\n", args...) }
+	}
 	var leaseDone <-chan struct{}
 	if lease != nil && !lease.Degraded() {
 		leaseDone = lease.Done()
+		cfg.Deadline = lease.Deadline()
 	}
+	job, err := supervise.Start(cfg)
+	if err != nil {
+		releaseLease(lease)
+		code := ExitCannotRun
+		var se *supervise.StartError
+		if errors.As(err, &se) {
+			code = se.Code
+		}
+		return report(code, "not_started", err)
+	}
+	if leaseDone != nil {
+		onRenew := func() { job.SetDeadline(lease.Deadline()) }
+		renewed.on.Store(&onRenew)
+		job.SetDeadline(lease.Deadline()) // a renewal may have come before
+	}
+
 	for {
 		select {
 		case sig := <-sigs:
-			_ = syscall.Kill(-pgid, sig.(syscall.Signal))
+			job.Signal(sig.(syscall.Signal))
 		case <-leaseDone:
 			lostErr := lease.Err()
-			fmt.Fprintf(g.stderr, "dlock: lease on %q lost while the command ran; sending SIGTERM to its process group (SIGKILL after %v)\n", key, f.grace)
-			_ = syscall.Kill(-pgid, syscall.SIGTERM)
-			t := time.NewTimer(f.grace)
-			select {
-			case <-exited:
-				t.Stop()
-			case <-t.C:
-				_ = syscall.Kill(-pgid, syscall.SIGKILL)
-				<-exited
-			}
-			_ = syscall.Kill(-pgid, syscall.SIGKILL) // anything left in the group
+			fmt.Fprintf(g.stderr, "dlock: lease on %q lost while the command ran; sending SIGTERM to everything it started (SIGKILL after %v)\n", key, f.grace)
+			job.Terminate()
+			<-job.Done()
 			releaseLease(lease)
 			return report(ExitLost, "lost", lostErr)
-		case werr := <-exited:
-			code := exitCode(child.ProcessState, werr)
-			_ = syscall.Kill(-pgid, syscall.SIGKILL) // no orphans left in the group
+		case <-job.Done():
+			r := job.Result()
 			relErr := releaseLease(lease)
+			if r.Reason == supervise.ReasonDeadline {
+				err := fmt.Errorf("dlock: lease on %q passed its validity deadline with no renewal (dlock was stopped or starved); the command was terminated", key)
+				if errors.Is(relErr, dlock.ErrLeaseLost) {
+					err = fmt.Errorf("%w: %w", err, relErr)
+				}
+				return report(ExitLost, "lost", err)
+			}
 			if errors.Is(relErr, dlock.ErrLeaseLost) {
 				fmt.Fprintf(g.stderr, "dlock: lease on %q was lost just as the command ended: %v\n", key, relErr)
 				return report(ExitLost, "lost", relErr)
@@ -219,11 +253,23 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, key string, arg
 			if lease == nil || lease.Degraded() {
 				result = "fail_open"
 			}
-			if code != 0 {
-				return report(code, result, nil)
+			if r.Code != 0 {
+				return report(r.Code, result, nil)
 			}
 			return report(0, result, nil)
 		}
+	}
+}
+
+// renewObserver calls on after each confirmed renewal; dlock run uses it to
+// pass the lease's new validity deadline to the supervisor at once.
+type renewObserver struct{ on atomic.Pointer[func()] }
+
+func (o *renewObserver) AcquireDone(dlock.AcquireEvent) {}
+func (o *renewObserver) LeaseEnded(dlock.EndEvent)      {}
+func (o *renewObserver) Renewed(e dlock.RenewEvent) {
+	if f := o.on.Load(); f != nil && e.Err == nil {
+		(*f)()
 	}
 }
 
@@ -270,14 +316,4 @@ func releaseLease(lease *dlock.Lease) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return lease.Release(ctx)
-}
-
-func exitCode(ps *os.ProcessState, err error) int {
-	if ps == nil {
-		return ExitCannotRun
-	}
-	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return 128 + int(ws.Signal())
-	}
-	return ps.ExitCode()
 }
