@@ -89,9 +89,16 @@ func (l *Locker) acquire(ctx context.Context, key string, wait bool, o options) 
 		// a store error it runs in the background, so that the caller gets
 		// ErrUnavailable within the op timeout.
 		ended := ctxEnded(actx)
-		if ended != nil {
+		closing := context.Cause(actx) == ErrClosed && ctx.Err() == nil
+		switch {
+		case ended != nil && closing && wait && canWait:
+			// The Locker is closing: the driver's Wait has removed what it
+			// left on the store before returning (its contract), within its
+			// own bound; a second release would make the pending call wait
+			// another op timeout on a store that may not answer.
+		case ended != nil:
 			l.cleanupNow(req, o)
-		} else {
+		default:
 			l.cleanup(req, o)
 		}
 		if ended != nil {
