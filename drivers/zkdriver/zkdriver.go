@@ -76,6 +76,16 @@
 // driver never adopts a node of an old session as its own: Renew and Release
 // check the node's ephemeralOwner against the current session id.
 //
+// The driver follows the connection's own state (go-zookeeper's State and
+// SessionID, and a count of ended connected periods kept by an event
+// callback, which the library calls for every event), never only the
+// library's event channel, which drops events when its small buffer is
+// full: a driver that missed the new session after an expiry would stay
+// without one for good, and one that missed the expiry would keep the
+// grants of a session that is gone. Every call reconciles with that state
+// first, and so does a loop woken by each session event (which pushes loss
+// and deletes orphans when no call comes).
+//
 // # Capabilities
 //
 //   - driver.Waiter: each waiter watches only its predecessor (FIFO, no
@@ -113,6 +123,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -163,6 +174,16 @@ type Driver struct {
 	suspects  map[[2]string]int64  // {dir, owner} of an ambiguous create → session
 	grants    map[string]grantInfo // by key + "\x00" + owner
 	expiries  map[string]*expiry   // by key + "\x00" + owner, for grants
+
+	// ends counts the connected periods that have ended (session events
+	// StateDisconnected and StateExpired), counted by onEvent.
+	ends atomic.Uint64
+	// kick wakes the run loop after a session event; it holds at most
+	// one wake-up, so that onEvent never blocks.
+	kick chan struct{}
+	// runHook, when set (by tests only), is called by the run loop before
+	// each reconciliation: a run loop that has fallen behind.
+	runHook atomic.Pointer[func()]
 }
 
 // expiry ends a grant that is not renewed within its TTL while the session
@@ -178,6 +199,7 @@ type expiry struct {
 // lost together when it ends (disconnect or expiry).
 type generation struct {
 	session int64
+	ends    uint64 // Driver.ends when it started
 	lost    chan struct{}
 	nodes   map[string]struct{} // nodes created in it and not yet deleted
 }
@@ -215,7 +237,7 @@ func Open(ctx context.Context, u *url.URL, opts *Options) (*Driver, error) {
 	d := &Driver{
 		root: strings.TrimRight(u.Path, "/"), sessionTimeout: DefaultSessionTimeout, opTimeout: DefaultOpTimeout,
 		ready: make(chan struct{}), orphans: map[string]int64{}, suspects: map[[2]string]int64{}, grants: map[string]grantInfo{},
-		expiries: map[string]*expiry{},
+		expiries: map[string]*expiry{}, kick: make(chan struct{}, 1),
 	}
 	if d.root == "" {
 		d.root = DefaultRoot
@@ -231,14 +253,17 @@ func Open(ctx context.Context, u *url.URL, opts *Options) (*Driver, error) {
 	if opts != nil && opts.Dialer != nil {
 		dialer = opts.Dialer
 	}
-	conn, events, err := zk.Connect(servers, d.sessionTimeout, zk.WithLogger(nopLogger{}), zk.WithLogInfo(false), zk.WithDialer(dialer))
+	// The event channel Connect returns is not read: go-zookeeper drops
+	// events when its small buffer is full (see reconcileLocked).
+	conn, _, err := zk.Connect(servers, d.sessionTimeout, zk.WithLogger(nopLogger{}), zk.WithLogInfo(false), zk.WithDialer(dialer),
+		zk.WithEventCallback(d.onEvent))
 	if err != nil {
 		return nil, fmt.Errorf("zkdriver: connect %s: %w: %w", u.Host, driver.ErrUnavailable, err)
 	}
 	d.conn = conn
 	d.closeCtx, d.closeCancel = context.WithCancel(context.Background())
 	d.wg.Add(1)
-	go d.run(events)
+	go d.run()
 
 	fail := func(err error) (*Driver, error) {
 		d.Close()
@@ -265,57 +290,114 @@ func Open(ctx context.Context, u *url.URL, opts *Options) (*Driver, error) {
 	return d, nil
 }
 
-// run follows the session events of the connection until it is closed.
-func (d *Driver) run(events <-chan zk.Event) {
+// onEvent is go-zookeeper's event callback, called synchronously by the
+// library's goroutines for every event, never dropped. It must not block
+// them: it only counts the end of a connected period and wakes the run loop
+// (a wake-up already pending covers this event too, since the run loop
+// reads the state after taking it).
+func (d *Driver) onEvent(ev zk.Event) {
+	if ev.Type != zk.EventSession {
+		return
+	}
+	if ev.State == zk.StateDisconnected || ev.State == zk.StateExpired {
+		d.ends.Add(1)
+	}
+	select {
+	case d.kick <- struct{}{}:
+	default:
+	}
+}
+
+// run reconciles the generation with the connection after every session
+// event, so that loss is pushed and orphans are deleted without waiting for
+// the next call, until the driver is closed.
+func (d *Driver) run() {
 	defer d.wg.Done()
-	for ev := range events {
-		if ev.Type != zk.EventSession {
-			continue
-		}
-		switch ev.State {
-		case zk.StateHasSession:
-			id := d.conn.SessionID()
-			d.mu.Lock()
-			if d.cur != nil && d.cur.session != id {
-				d.endLocked()
-			}
-			if d.cur == nil {
-				d.cur = &generation{session: id, lost: make(chan struct{}), nodes: map[string]struct{}{}}
-			}
-			var stale []string
-			for p, s := range d.orphans {
-				if s == id {
-					stale = append(stale, p)
-				} else {
-					delete(d.orphans, p) // its session expired: the server deleted it
-				}
-			}
-			if len(stale) > 0 && !d.closed {
-				d.wg.Add(1)
-				go d.deleteOrphans(stale)
-			}
-			for sp, s := range d.suspects {
-				delete(d.suspects, sp)
-				if s == id && !d.closed {
-					d.wg.Add(1)
-					go d.deleteByOwner(sp[0], sp[1], s)
-				}
-			}
-			d.mu.Unlock()
-			d.readyOnce.Do(func() { close(d.ready) })
-		case zk.StateDisconnected, zk.StateExpired:
+	for {
+		select {
+		case <-d.closeCtx.Done():
 			d.mu.Lock()
 			d.endLocked()
-			if ev.State == zk.StateExpired {
-				d.orphans = map[string]int64{}
-				d.suspects = map[[2]string]int64{}
-			}
 			d.mu.Unlock()
+			return
+		case <-d.kick:
+		}
+		if h := d.runHook.Load(); h != nil {
+			(*h)()
+		}
+		d.mu.Lock()
+		d.reconcileLocked()
+		d.mu.Unlock()
+	}
+}
+
+// reconcileLocked brings d.cur in line with the connection's real state,
+// which go-zookeeper publishes atomically (State, SessionID) before it
+// reports an event, and with the count of ended connected periods. It never
+// trusts that an event was seen: go-zookeeper's event channel drops events
+// when its buffer (6) is full, and a run loop that missed the StateHasSession
+// after a reconnect would leave the driver without a session for good, one
+// that missed the expiry would keep using a generation whose session is
+// gone. The current generation ends (its grants are lost) when its
+// connected period has ended or the connection's session is another; a new
+// one starts when the connection has a session and the driver has none.
+// Nodes of an expired session are never adopted: a generation only has the
+// connection's session, and nodes are checked against it.
+func (d *Driver) reconcileLocked() {
+	if d.closed {
+		return
+	}
+	ends := d.ends.Load()
+	id := d.conn.SessionID()
+	has := d.conn.State() == zk.StateHasSession
+	// A period that ended between the loads is seen by the next call.
+	settled := has && id != 0 && d.ends.Load() == ends
+	if g := d.cur; g != nil && (!settled || g.session != id || g.ends != ends) {
+		d.endLocked()
+	}
+	if id == 0 {
+		// go-zookeeper zeroes the id when the server reports the session
+		// expired: its nodes are gone and it never comes back.
+		clear(d.orphans)
+		clear(d.suspects)
+	}
+	if d.cur == nil && settled {
+		d.startLocked(id, ends)
+	}
+}
+
+// startLocked starts the generation of a connected period of session id.
+// Nodes left to delete when that session was back are deleted now; those of
+// any other session are forgotten (it expired: the server deleted them).
+func (d *Driver) startLocked(id int64, ends uint64) {
+	d.cur = &generation{session: id, ends: ends, lost: make(chan struct{}), nodes: map[string]struct{}{}}
+	var stale []string
+	for p, s := range d.orphans {
+		if s == id {
+			stale = append(stale, p)
+		} else {
+			delete(d.orphans, p)
 		}
 	}
-	d.mu.Lock()
-	d.endLocked()
-	d.mu.Unlock()
+	if len(stale) > 0 {
+		d.wg.Add(1)
+		go d.deleteOrphans(stale)
+	}
+	for sp, s := range d.suspects {
+		delete(d.suspects, sp)
+		if s == id {
+			d.wg.Add(1)
+			go d.deleteByOwner(sp[0], sp[1], s)
+		}
+	}
+	d.readyOnce.Do(func() { close(d.ready) })
+}
+
+// curLocked returns the current generation, reconciled with the
+// connection, or nil.
+func (d *Driver) curLocked() *generation {
+	d.reconcileLocked()
+	return d.cur
 }
 
 // endLocked ends the current generation: its grants are lost, and its nodes
@@ -483,10 +565,10 @@ func (d *Driver) current() (*generation, error) {
 	if d.closed {
 		return nil, driver.ErrClosed
 	}
-	if d.cur == nil {
-		return nil, errNoSession
+	if g := d.curLocked(); g != nil {
+		return g, nil
 	}
-	return d.cur, nil
+	return nil, errNoSession
 }
 
 // enqueued is a node created by enqueue.
@@ -534,7 +616,7 @@ func (d *Driver) enqueue(ctx context.Context, req driver.AcquireRequest) (enqueu
 	}
 	e := enqueued{path: path, name: path[len(dir)+1:], gen: gen}
 	d.mu.Lock()
-	if d.cur != gen {
+	if d.curLocked() != gen {
 		d.orphans[path] = gen.session
 		d.mu.Unlock()
 		return enqueued{}, fmt.Errorf("%w: session ended while creating the node", driver.ErrUnavailable)
@@ -610,8 +692,8 @@ func (d *Driver) deleteByOwner(dir, owner string, session int64) {
 func (d *Driver) deleteNode(p string) {
 	if err := d.conn.Delete(p, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
 		d.mu.Lock()
-		if d.cur != nil {
-			d.orphans[p] = d.cur.session
+		if g := d.curLocked(); g != nil {
+			d.orphans[p] = g.session
 		}
 		d.mu.Unlock()
 	}
@@ -630,7 +712,7 @@ func (d *Driver) dropNode(ctx context.Context, e enqueued) {
 		delete(d.orphans, e.path)
 		return
 	}
-	if d.cur != e.gen {
+	if d.curLocked() != e.gen {
 		d.orphans[e.path] = e.gen.session
 	}
 }
@@ -651,7 +733,7 @@ func (d *Driver) children(ctx context.Context, dir string) ([]string, error) {
 // number of its key.
 func (d *Driver) granted(ctx context.Context, req driver.AcquireRequest, e enqueued) (driver.Grant, error) {
 	d.mu.Lock()
-	if d.cur != e.gen {
+	if d.curLocked() != e.gen {
 		d.mu.Unlock()
 		d.dropNode(ctx, e)
 		return driver.Grant{}, fmt.Errorf("%w: session ended while granting", driver.ErrUnavailable)
@@ -946,8 +1028,8 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 	if err == nil || errors.Is(err, driver.ErrLeaseLost) {
 		d.forget(key, owner)
 		d.mu.Lock()
-		if d.cur != nil {
-			delete(d.cur.nodes, p)
+		if g := d.curLocked(); g != nil {
+			delete(g.nodes, p)
 		}
 		d.mu.Unlock()
 	}
@@ -1028,8 +1110,8 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]driver.HolderInfo, 
 func (d *Driver) SessionID() int64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.cur == nil {
-		return 0
+	if g := d.curLocked(); g != nil {
+		return g.session
 	}
-	return d.cur.session
+	return 0
 }

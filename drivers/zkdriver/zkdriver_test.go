@@ -21,6 +21,7 @@ import (
 	"github.com/dlock-dev/dlock/dlocktest"
 	"github.com/dlock-dev/dlock/driver"
 	"github.com/dlock-dev/dlock/drivers/zkdriver"
+	"github.com/dlock-dev/dlock/internal/netproxy"
 	"github.com/dlock-dev/dlock/internal/testservers"
 )
 
@@ -100,6 +101,30 @@ func (e *env) mustOpen(t *testing.T) (*zkdriver.Driver, *cutDialer) {
 	}
 	t.Cleanup(func() { d.Close() })
 	return d, cd
+}
+
+// mustOpenProxied opens a driver that reaches the server through a
+// netproxy.Proxy, and returns both.
+func (e *env) mustOpenProxied(t *testing.T) (*zkdriver.Driver, *netproxy.Proxy) {
+	t.Helper()
+	p, err := netproxy.New(e.z.Addr(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.Release()
+		_ = p.Close()
+	})
+	u, err := url.Parse(strings.Replace(e.z.URL(), e.z.Addr(), p.Addr(), 1) + fmt.Sprintf("?session_timeout=%s&op_timeout=1s", sessionTimeout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := zkdriver.Open(t.Context(), u, nil)
+	if err != nil {
+		t.Fatalf("Open via proxy: %v", err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d, p
 }
 
 // expire cuts d off for longer than the session timeout, so that the
@@ -402,6 +427,117 @@ func TestSession_ExpiryLosesAllGrantsAndNewSessionAdoptsNothing(t *testing.T) {
 	}
 }
 
+// TestSession_MissedSessionEventsDoNotStrandTheDriver: go-zookeeper sends
+// session events into a channel of 6 and drops them when it is full, so a
+// driver that follows only the events can miss the new session after an
+// expiry (and stay without a session for good) or miss the expiry (and
+// keep using a generation whose session is gone). Here the driver's event
+// loop is stalled while one client's link is held past its session
+// timeout, another client is granted the key, and the link heals: the
+// healed driver must still declare its old grant lost, never adopt it, and
+// acquire again within a bounded time, whether its event loop catches up
+// after the heal or stays stalled. (When the loop read go-zookeeper's
+// channel, the stall made the library drop StateHasSession: the driver
+// stayed without a session for good, as reported; when stalled throughout,
+// it kept the expired session's generation and never closed Grant.Lost.)
+func TestSession_MissedSessionEventsDoNotStrandTheDriver(t *testing.T) {
+	e := newEnv(t)
+	d2, _ := e.mustOpen(t)
+	for _, tc := range []struct {
+		name            string
+		resumeAfterHeal bool
+	}{
+		{"EventLoopResumedAfterHeal", true},
+		{"EventLoopStalledThroughout", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := t.Context()
+			d1, p := e.mustOpenProxied(t)
+			k := "missed/" + tc.name
+			r := req(k)
+			g, err := d1.TryAcquire(ctx, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			oldSession := d1.SessionID()
+			resume := zkdriver.StallRunLoop(d1)
+			t.Cleanup(resume)
+			p.Hold()
+			heal := sync.OnceFunc(p.Release)
+			t.Cleanup(heal)
+			// d2 is granted the key once the server has expired d1's
+			// session.
+			wctx, cancel := context.WithTimeout(ctx, 5*sessionTimeout)
+			defer cancel()
+			r2 := req(k)
+			r2.TTL = time.Minute // not freed as unrenewed while the test runs
+			g2, err := d2.Wait(wctx, r2)
+			if err != nil {
+				t.Fatalf("d2 Wait while d1's link is held: %v", err)
+			}
+			heal()
+			healedAt := time.Now()
+			// The client library gets a new session within a bounded
+			// time of the heal; only then does the event loop resume,
+			// when the events it missed are gone.
+			waitFor(t, func() bool { s := zkdriver.ConnSession(d1); return s != 0 && s != oldSession })
+			t.Logf("the connection has a new session %v after the heal", time.Since(healedAt))
+			if tc.resumeAfterHeal {
+				resume()
+			}
+
+			// The old grant is lost and never adopted: its owner token
+			// releases nothing, and d2 keeps the key.
+			rerr := storeAnswer(t, func() error { return d1.Release(ctx, k, r.Owner) })
+			if !errors.Is(rerr, driver.ErrLeaseLost) {
+				t.Fatalf("Release of the expired grant after the heal = %v, want ErrLeaseLost", rerr)
+			}
+			select {
+			case <-g.Lost:
+			default:
+				t.Fatal("Grant.Lost of the expired session's grant still open after the heal")
+			}
+			if info, err := d2.Inspect(ctx, k); err != nil || info.Fence != g2.Fence {
+				t.Fatalf("Inspect after the heal = %+v, %v; want d2's grant (fence %d)", info, err, g2.Fence)
+			}
+			if err := d2.Release(ctx, k, r2.Owner); err != nil {
+				t.Fatal(err)
+			}
+
+			// d1 acquires again within a bounded time of the heal, in a
+			// new session.
+			const bound = 10 * time.Second
+			var g3 driver.Grant
+			r3 := req(k)
+			r3.TTL = time.Minute
+			for {
+				g3, err = d1.TryAcquire(ctx, r3)
+				if err == nil {
+					break
+				}
+				if time.Since(healedAt) > bound {
+					t.Fatalf("d1 still cannot acquire %v after the heal: %v", time.Since(healedAt), err)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			t.Logf("d1 acquired again %v after the heal", time.Since(healedAt))
+			if s := d1.SessionID(); s == 0 || s == oldSession {
+				t.Fatalf("d1 acquired in session %x, want a new one (old %x)", s, oldSession)
+			}
+			if g3.Fence <= g2.Fence {
+				t.Fatalf("fence %d not greater than %d", g3.Fence, g2.Fence)
+			}
+			resume()
+			if err := d1.Renew(ctx, k, r3.Owner, time.Second); err != nil {
+				t.Fatalf("Renew of the new grant: %v", err)
+			}
+			if err := d1.Release(ctx, k, r3.Owner); err != nil {
+				t.Fatalf("Release of the new grant: %v", err)
+			}
+		})
+	}
+}
+
 // TestSession_DisconnectLosesAndCleansUp: a short disconnect (the session
 // survives) pushes the loss at once, and the nodes given up are deleted as
 // soon as the session is back, so the key does not stay held.
@@ -559,6 +695,24 @@ func allStopped(pid int) bool {
 type nopLogger struct{}
 
 func (nopLogger) Printf(string, ...any) {}
+
+// storeAnswer calls fn until it returns something other than
+// driver.ErrUnavailable (the store answered), for at most 10 s, and returns
+// that.
+func storeAnswer(t *testing.T, fn func() error) error {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := fn()
+		if !errors.Is(err, driver.ErrUnavailable) {
+			return err
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("store still unavailable after 10s: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
 
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
