@@ -465,12 +465,16 @@ func TestHinter_HintArrivesOnRelease(t *testing.T) {
 }
 
 // TestHinter_AcquireWokenByHint checks, through the root package, that a
-// waiter whose backoff would sleep for seconds takes the key within
-// milliseconds of its release.
+// waiter asleep in its backoff takes the key within a second of its
+// release. The backoff is an hour (its full-jitter sleep is uniform in
+// [0, 1 h), so it ends within a second about once in 3600 runs), and the
+// release waits until the waiter has found the key held and subscribed to
+// its hint channel: only the hint can wake it in time.
 func TestHinter_AcquireWokenByHint(t *testing.T) {
 	r := testservers.StartRedis(t)
 	a := dlock.New(openDriver(t, r.URL()), dlock.WithTTL(10*time.Second))
-	b := dlock.New(openDriver(t, r.URL()), dlock.WithTTL(10*time.Second), dlock.WithBackoff(5*time.Second, 5*time.Second))
+	bd := openDriver(t, r.URL())
+	b := dlock.New(bd, dlock.WithTTL(10*time.Second), dlock.WithBackoff(time.Hour, time.Hour))
 	defer a.Close()
 	defer b.Close()
 	const key = "hint/acquire"
@@ -478,28 +482,59 @@ func TestHinter_AcquireWokenByHint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan time.Time, 1)
-	go func() {
-		ls, err := b.Acquire(t.Context(), key)
-		if err != nil {
-			t.Error(err)
-			close(got)
-			return
+	type result struct {
+		at  time.Time
+		err error
+	}
+	got := make(chan result, 1)
+	wctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel() // ends the waiter when the test fails first
+	wg.Go(func() {
+		ls, err := b.Acquire(wctx, key)
+		got <- result{time.Now(), err}
+		if err == nil {
+			_ = ls.Release(context.Background())
 		}
-		got <- time.Now()
-		_ = ls.Release(context.Background())
-	}()
-	time.Sleep(300 * time.Millisecond) // b is asleep in its 5 s backoff
+	})
+	awaitHintSubscribers(t, r, bd, key)
 	released := time.Now()
 	if err := held.Release(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	at, ok := <-got
-	if !ok {
-		t.FailNow()
+	select {
+	case res := <-got:
+		if res.err != nil {
+			t.Fatalf("waiter: %v", res.err)
+		}
+		if wait := res.at.Sub(released); wait > time.Second {
+			t.Fatalf("waiter took the key %v after its release; a hint should wake it at once", wait)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("waiter not granted within 5s of the release: the hint did not wake it")
 	}
-	if wait := at.Sub(released); wait > time.Second {
-		t.Fatalf("waiter took the key %v after its release; a hint should wake it at once", wait)
+}
+
+// awaitHintSubscribers waits (at most 10 s) until Redis counts a
+// subscriber on the release-hint channel of key (PUBSUB NUMSUB): a waiter
+// through d has found key held and subscribed, so a release published from
+// now on reaches it.
+func awaitHintSubscribers(t *testing.T, r *testservers.Redis, d *Driver, key string) {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: r.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	defer c.Close()
+	_, _, channel := d.keys(key)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n, err := c.PubSubNumSub(t.Context(), channel).Result()
+		if err == nil && n[channel] >= 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no subscriber on the hint channel %q of %q after 10s (last: %v, %v)", channel, key, n, err)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -814,7 +849,8 @@ func TestHinter_StoreRestart(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
 	func() {
 		a := dlock.New(openDriver(t, r.URL()), dlock.WithTTL(10*time.Second))
-		b := dlock.New(openDriver(t, r.URL()), dlock.WithTTL(10*time.Second), dlock.WithOpTimeout(time.Second))
+		bd := openDriver(t, r.URL())
+		b := dlock.New(bd, dlock.WithTTL(10*time.Second), dlock.WithOpTimeout(time.Second))
 		defer a.Close()
 		defer b.Close()
 		const key = "hint/restart"
@@ -826,7 +862,8 @@ func TestHinter_StoreRestart(t *testing.T) {
 			_, err := b.Acquire(t.Context(), key)
 			done <- err
 		}()
-		time.Sleep(200 * time.Millisecond) // b waits, subscribed to hints
+		// b has found the key held and waits, subscribed to hints.
+		awaitHintSubscribers(t, r, bd, key)
 		if err := r.Stop(); err != nil {
 			t.Fatal(err)
 		}

@@ -324,24 +324,56 @@ func TestRedlock(t *testing.T) {
 
 	t.Run("SlowAttemptFailsAndLeavesNothing", func(t *testing.T) {
 		ctx := t.Context()
+		calls := &scriptCalls{}
 		var clients []redis.Scripter
 		for _, n := range rs {
-			clients = append(clients, slowScripter{client(t, n), 150 * time.Millisecond})
+			clients = append(clients, lateScripter{Client: client(t, n), delay: 300 * time.Millisecond, first: &atomic.Bool{}, calls: calls})
 		}
 		slow, err := redlockdriver.New(clients, &redlockdriver.Options{NodeTimeout: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := req("slow", 200*time.Millisecond) // budget: half the TTL, 100 ms; one round takes 150 ms
+		// Every node has the lock script cached (EVALSHA finds it), so
+		// the late first call is the lock write itself.
+		warm := req("slow", time.Second)
+		if _, err := d.TryAcquire(ctx, warm); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Release(ctx, "slow", warm.Owner); err != nil {
+			t.Fatal(err)
+		}
+		// Budget: half the TTL, 200 ms. The lock writes land on every
+		// node after 300 ms, when the attempt has given up, and would
+		// hold the key until 700 ms.
+		r := req("slow", 400*time.Millisecond)
 		_, err = slow.TryAcquire(ctx, r)
 		if !errors.Is(err, driver.ErrUnavailable) {
 			t.Fatalf("slow TryAcquire = %v, want ErrUnavailable (out of time)", err)
 		}
-		g, err := d.TryAcquire(ctx, req("slow", time.Second))
-		if err != nil {
+		// Every script call must have come back before leftovers can be
+		// seen: a call still in flight may yet write.
+		deadline := time.Now().Add(5 * time.Second)
+		for calls.inFlight.Load() > 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d script calls still in flight 5s after the slow attempt failed", calls.inFlight.Load())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if n := calls.landed.Load(); n != nodes {
+			t.Fatalf("%d late lock writes landed, want %d: the test does not test its point", n, nodes)
+		}
+		for i, n := range rs {
+			if v, err := client(t, n).Get(ctx, "dlock:redlock:lock:slow").Result(); !errors.Is(err, redis.Nil) {
+				t.Errorf("node %d holds the key after the failed slow attempt: %q, %v", i, v, err)
+			}
+		}
+		r2 := req("slow", time.Second)
+		if _, err := d.TryAcquire(ctx, r2); err != nil {
 			t.Fatalf("key left held after a failed slow attempt: %v", err)
 		}
-		_ = g
+		if err := d.Release(ctx, "slow", r2.Owner); err != nil {
+			t.Fatal(err)
+		}
 	})
 
 	t.Run("InvalidNodeCount", func(t *testing.T) {
@@ -352,18 +384,42 @@ func TestRedlock(t *testing.T) {
 	})
 }
 
-// slowScripter delays every script call, as a slow network would.
-type slowScripter struct {
+// lateScripter delivers the first script call made through it late, as a
+// slow network would: it sends it after delay whatever the caller's context
+// says by then (the request is on its way), so the write lands on the node
+// after the caller has given up. Later calls go at once. calls counts them.
+type lateScripter struct {
 	*redis.Client
 	delay time.Duration
+	first *atomic.Bool // set once the first call has been made
+	calls *scriptCalls
 }
 
-func (s slowScripter) EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd {
-	time.Sleep(s.delay)
-	return s.Client.EvalSha(ctx, sha1, keys, args...)
+// scriptCalls counts the script calls made through lateScripters: not yet
+// returned (a returned call's write has landed or never will), and late
+// writes that the node carried out.
+type scriptCalls struct {
+	inFlight, landed atomic.Int64
 }
 
-func (s slowScripter) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
+func (s lateScripter) do(ctx context.Context, call func(ctx context.Context) *redis.Cmd) *redis.Cmd {
+	s.calls.inFlight.Add(1)
+	defer s.calls.inFlight.Add(-1)
+	if s.first.Swap(true) {
+		return call(ctx)
+	}
 	time.Sleep(s.delay)
-	return s.Client.Eval(ctx, script, keys, args...)
+	cmd := call(context.WithoutCancel(ctx))
+	if cmd.Err() == nil {
+		s.calls.landed.Add(1)
+	}
+	return cmd
+}
+
+func (s lateScripter) EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd {
+	return s.do(ctx, func(ctx context.Context) *redis.Cmd { return s.Client.EvalSha(ctx, sha1, keys, args...) })
+}
+
+func (s lateScripter) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
+	return s.do(ctx, func(ctx context.Context) *redis.Cmd { return s.Client.Eval(ctx, script, keys, args...) })
 }
