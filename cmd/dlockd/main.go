@@ -7,7 +7,7 @@
 //
 // Logs go to stderr in one format (--log-format text or json) at one level
 // (--log-level), Raft's included. dlockd --version prints the build (the
-// same line as dlock version); dlockd --help prints the flags. Exit status:
+// line of dlock version, naming dlockd); dlockd --help prints the flags. Exit status:
 // 0 after a clean shutdown (or --help, --version), 1 when the server fails
 // to start or to stop, 2 for bad flags or configuration.
 package main
@@ -57,7 +57,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if *version {
-		fmt.Fprintln(stdout, buildinfo.Read())
+		fmt.Fprintln(stdout, buildinfo.Read().Line("dlockd"))
 		return 0
 	}
 	if fs.NArg() > 0 {

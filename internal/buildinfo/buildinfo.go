@@ -82,15 +82,22 @@ func (i Info) ShortRevision() string {
 	return i.Revision
 }
 
-// String formats i as one line, the same for every dlock binary:
+// String formats i as the one line of the dlock CLI (dlock version); it is
+// Line("dlock").
+func (i Info) String() string { return i.Line("dlock") }
+
+// Line formats i as one line naming program, the same for every dlock
+// binary but for that name:
 //
 //	dlock v1.2.0 (revision 0123456789ab, modified) go1.26.0 linux/amd64
+//	dlockd v1.2.0 (revision 0123456789ab, modified) go1.26.0 linux/amd64
 //
 // The parenthesis is left out when the build was not VCS-stamped, and
 // ", modified" when the working tree was clean.
-func (i Info) String() string {
+func (i Info) Line(program string) string {
 	var b strings.Builder
-	b.WriteString("dlock ")
+	b.WriteString(program)
+	b.WriteString(" ")
 	b.WriteString(i.Version)
 	if i.Revision != "" {
 		b.WriteString(" (revision ")

@@ -49,3 +49,13 @@ func TestRead_OneLineWithGoVersion(t *testing.T) {
 		t.Fatalf("Read().String() = %q: want one line starting with \"dlock \" naming %s", s, runtime.Version())
 	}
 }
+
+func TestInfo_LineNamesProgram(t *testing.T) {
+	i := Info{Version: "v1.2.0", Revision: "0123456789abcdef", Go: "go1.26.0", Platform: "linux/amd64"}
+	if got, want := i.Line("dlockd"), "dlockd v1.2.0 (revision 0123456789ab) go1.26.0 linux/amd64"; got != want {
+		t.Fatalf("Line(dlockd) = %q, want %q", got, want)
+	}
+	if i.String() != i.Line("dlock") {
+		t.Fatalf("String() %q != Line(dlock) %q", i.String(), i.Line("dlock"))
+	}
+}
