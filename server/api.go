@@ -22,6 +22,14 @@ type api struct {
 	s *Server
 }
 
+// maxHeaderBytes bounds the header list of a gRPC call and the headers of
+// an HTTP request.
+const maxHeaderBytes = 64 << 10
+
+// connIdleTimeout is how long a gRPC connection may stay with no stream
+// before the server closes it.
+const connIdleTimeout = 2 * time.Minute
+
 // newGRPCServer returns the gRPC server of s, with its limits and panic
 // recovery.
 func newGRPCServer(s *Server) *grpc.Server {
@@ -45,7 +53,13 @@ func newGRPCServer(s *Server) *grpc.Server {
 		// Ping idle connections so that a client that vanished without
 		// closing its connection is found within 40s: its waits are then
 		// cancelled and their queue entries removed.
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		// A connection with no stream for connIdleTimeout is closed (a
+		// GOAWAY), so idle connections cannot hold every slot of
+		// MaxConnections for good; clients redial when they need one.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, MaxConnectionIdle: connIdleTimeout}),
+		// Request headers are bounded like bodies: gRPC's own default
+		// (16 MiB per header list) let 60 streams hold a gigabyte.
+		grpc.MaxHeaderListSize(maxHeaderBytes),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		// Streams at once per connection (HTTP/2
 		// SETTINGS_MAX_CONCURRENT_STREAMS): a client queues the rest.
@@ -84,7 +98,7 @@ func (a *api) acquireIn(req *dlockv1.AcquireRequest) (acquireIn, error) {
 	in := acquireIn{key: req.GetKey(), owner: req.GetOwner(), holder: req.GetHolder(), session: req.GetSession(), ttl: ttl, wait: req.GetWait()}
 	if d := req.GetLockDelay(); d != nil {
 		if err := d.CheckValid(); err != nil || d.AsDuration() < 0 {
-			return acquireIn{}, apiErr(codes.InvalidArgument, ReasonInvalidRequest, "invalid lock_delay %v: want a duration from 0 to the TTL", d)
+			return acquireIn{}, apiErr(codes.InvalidArgument, ReasonInvalidRequest, "invalid lock_delay %v: want a duration from 0 to the TTL", d.AsDuration())
 		}
 		in.lockDelay, in.hasLockDelay = d.AsDuration(), true
 	}

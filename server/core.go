@@ -415,6 +415,13 @@ func (s *Server) renew(items []renewIn) ([]bool, error) {
 
 // readBarrier makes a following read of the FSM linearizable: this node is
 // still the leader, and everything committed before the call is applied.
+// It writes nothing: it waits until the FSM has applied the commit index
+// read after VerifyLeader. Every entry after a leader's first no-op command
+// reaches the FSM (commands and configuration changes; Raft's barriers and
+// no-ops come only before it, in becomeLeader), so the wait ends when the
+// entries in flight are applied. A Raft barrier here used to write an entry
+// the FSM never sees, which left the next read behind again: after a
+// restart every read wrote and fsynced one.
 func (s *Server) readBarrier() error {
 	if err := s.writable(); err != nil {
 		return err
@@ -423,13 +430,25 @@ func (s *Server) readBarrier() error {
 		return s.raftErr(err)
 	}
 	target := s.raft.CommitIndex()
-	if applied, _ := s.fsm.appliedIndex(); applied >= target {
-		return nil
+	var timeout <-chan time.Time
+	for {
+		applied, wake := s.fsm.appliedIndex()
+		if applied >= target {
+			return nil
+		}
+		if timeout == nil {
+			t := time.NewTimer(s.cfg.ApplyTimeout)
+			defer t.Stop()
+			timeout = t.C
+		}
+		select {
+		case <-wake:
+		case <-timeout:
+			return apiErr(codes.Unavailable, ReasonNotLeader, "read: the lock table did not catch up with the log (applied %d, committed %d) within %v", applied, target, s.cfg.ApplyTimeout)
+		case <-s.closing:
+			return apiErr(codes.Unavailable, ReasonShuttingDown, "shutting down")
+		}
 	}
-	if err := s.raft.Barrier(s.cfg.ApplyTimeout).Error(); err != nil {
-		return s.raftErr(err)
-	}
-	return nil
 }
 
 // holderOut describes one grant, or a key in its lock-delay.

@@ -16,15 +16,16 @@ import (
 type opcode byte
 
 const (
-	opAcquire      opcode = 1 // grant or queue (key, owner); a retry by the holder renews through the log
-	opRelease      opcode = 2 // owner releases key; head waiter granted in the same entry
-	opExpire       opcode = 3 // leader expires grants; acts only on the grant version it saw run out
-	opCancelWait   opcode = 4 // remove owner's queue entry, or release a grant that raced the cancellation
-	opSetTTL       opcode = 5 // change the TTL of owner's grant (and restart its countdown)
-	opPurge        opcode = 6 // remove queue entries whose clients are gone (new leader)
-	opUnclaimed    opcode = 7 // leader releases handed-over grants their receivers did not claim in time
-	opForceRelease opcode = 8 // an operator removes key's grant whoever holds it
-	opEndDelay     opcode = 9 // the key's lock-delay has run out: hand it to the head waiter, or free it
+	opAcquire      opcode = 1  // grant or queue (key, owner); a retry by the holder renews through the log
+	opRelease      opcode = 2  // owner releases key; head waiter granted in the same entry
+	opExpire       opcode = 3  // leader expires grants; acts only on the grant version it saw run out
+	opCancelWait   opcode = 4  // remove owner's queue entry, or release a grant that raced the cancellation
+	opSetTTL       opcode = 5  // change the TTL of owner's grant (and restart its countdown)
+	opPurge        opcode = 6  // remove queue entries whose clients are gone (new leader)
+	opUnclaimed    opcode = 7  // leader releases handed-over grants their receivers did not claim in time
+	opForceRelease opcode = 8  // an operator removes key's grant whoever holds it
+	opEndDelay     opcode = 9  // the key's lock-delay has run out: hand it to the head waiter, or free it
+	opNoop         opcode = 10 // changes nothing: a new leader's first entry seen by the FSM (see readBarrier)
 )
 
 // keyOwner names one grant or one queue entry.
@@ -92,6 +93,7 @@ func (c *command) encode() []byte {
 	case opEndDelay:
 		e.str(c.key)
 		e.u64(c.version)
+	case opNoop:
 	case opPurge:
 		e.u64(uint64(len(c.pairs)))
 		for _, p := range c.pairs {
@@ -149,6 +151,10 @@ func decodeCommand(b []byte) (command, error) {
 		}
 		c.key = d.str()
 		c.version = d.u64()
+	case opNoop:
+		if v < 2 {
+			return c, errCorrupt
+		}
 	case opPurge:
 		n := d.u64()
 		if n > uint64(len(d.b)) { // each pair takes at least 2 bytes
@@ -533,6 +539,8 @@ func (f *fsm) apply(idx uint64, c *command, evs []event) (applyResult, []event) 
 		var next uint64
 		next, evs = f.grantNext(idx, c.key, e, evs)
 		return applyResult{code: resOK, fence: next}, evs
+	case opNoop:
+		return applyResult{code: resOK}, evs
 	case opCancelWait:
 		return f.cancelWait(idx, c.key, c.owner, true, evs)
 	case opPurge:

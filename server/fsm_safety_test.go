@@ -271,7 +271,7 @@ func TestFSM_VersionOneEntriesDecode(t *testing.T) {
 	if err != nil || len(c.expiries) != 1 || c.expiries[0] != (expiry{"k", "owner-a", 0}) {
 		t.Fatalf("v1 expire = %+v, %v", c, err)
 	}
-	for _, op := range []opcode{opForceRelease, opEndDelay, opUnclaimed} {
+	for _, op := range []opcode{opForceRelease, opEndDelay, opUnclaimed, opNoop} {
 		if _, err := decodeCommand([]byte{1, byte(op), 1, 'k', 1}); err == nil {
 			t.Fatalf("op %d decoded as version 1", op)
 		}

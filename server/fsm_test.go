@@ -267,6 +267,7 @@ func FuzzDecodeCommand(f *testing.F) {
 	f.Add((&command{op: opPurge, pairs: []keyOwner{{"a", "b"}}}).encode())
 	f.Add((&command{op: opEndDelay, key: "k", version: 9}).encode())
 	f.Add((&command{op: opForceRelease, key: "k"}).encode())
+	f.Add((&command{op: opNoop}).encode())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, err := decodeCommand(b)
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -142,5 +143,78 @@ func TestServer_ListOfManyKeysDoesNotStallAcquires(t *testing.T) {
 	t.Logf("200k keys, 8 listers (%d lists): acquire+release p50 %v p99 %v", lists.Load(), p50, p99)
 	if p99 > 100*time.Millisecond {
 		t.Fatalf("acquire+release p99 %v with listers running", p99)
+	}
+}
+
+// TestServer_ReadsWriteNothingAfterRestart: a linearizable read (Inspect, a
+// refused try) writes no log entry, also after a restart, when the new
+// term's Raft no-op and barrier never reached the FSM (every read used to
+// write a barrier and wait for its fsync).
+func TestServer_ReadsWriteNothingAfterRestart(t *testing.T) {
+	cfg := testConfig(t)
+	ctx := t.Context()
+	start := func() *Server {
+		s, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.WaitReady(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	s := start()
+	if _, err := s.acquire(ctx, acquireIn{key: "k", owner: "owner-a-0000", ttl: time.Hour}, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = start()
+	defer s.Close()
+	before := s.raft.LastIndex()
+	for range 50 {
+		if _, held, err := s.inspect("k"); err != nil || !held {
+			t.Fatalf("inspect after restart: held=%v %v", held, err)
+		}
+		if _, err := s.acquire(ctx, acquireIn{key: "k", owner: "owner-b-0000", ttl: time.Second}, nil, nil); err == nil {
+			t.Fatal("a try of a held key was granted")
+		}
+	}
+	if after := s.raft.LastIndex(); after != before {
+		t.Fatalf("100 reads after a restart moved the log from %d to %d", before, after)
+	}
+}
+
+// TestServer_RefusesDataDirOfAnotherNode: a data directory written by
+// another node ID is refused at start with a clear error (it used to start
+// and stay unready for good).
+func TestServer_RefusesDataDirOfAnotherNode(t *testing.T) {
+	cfg := testConfig(t)
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.WaitReady(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cfg.NodeID = "another-node"
+	s, err = New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = s.Start()
+	defer s.Close()
+	if err == nil || !strings.Contains(err.Error(), `not to --node-id "another-node"`) {
+		t.Fatalf("start on another node's data dir: %v", err)
 	}
 }

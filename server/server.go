@@ -202,6 +202,11 @@ func (s *Server) Start() (err error) {
 	if err != nil {
 		return fmt.Errorf("dlockd: start raft: %w", err)
 	}
+	if existing {
+		if err := s.checkMember(); err != nil {
+			return err
+		}
+	}
 
 	s.ln, err = net.Listen("tcp", s.cfg.Listen)
 	if err != nil {
@@ -213,6 +218,7 @@ func (s *Server) Start() (err error) {
 	s.httpSrv = &http.Server{
 		Handler:           newHTTPHandler(s),
 		ReadHeaderTimeout: 10 * time.Second,
+		MaxHeaderBytes:    maxHeaderBytes,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
@@ -228,6 +234,28 @@ func (s *Server) Start() (err error) {
 	s.log.Info("dlockd listening", "listen", s.ln.Addr().String(), "data", s.cfg.DataDir,
 		"raft", string(s.transport.LocalAddr()), "node", s.cfg.NodeID, "url", "dlockd://"+s.ln.Addr().String())
 	return nil
+}
+
+// checkMember refuses a data directory whose Raft configuration does not
+// name this node: started with another --node-id, the node would wait for
+// an election it can never win and stay unready without saying why.
+func (s *Server) checkMember() error {
+	f := s.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return fmt.Errorf("dlockd: read raft configuration: %w", err)
+	}
+	servers := f.Configuration().Servers
+	var ids []string
+	for _, m := range servers {
+		if m.ID == raft.ServerID(s.cfg.NodeID) {
+			return nil
+		}
+		ids = append(ids, string(m.ID))
+	}
+	if len(servers) == 0 {
+		return nil
+	}
+	return fmt.Errorf("dlockd: data dir %s belongs to node(s) %v, not to --node-id %q: start with that node ID, or use another data dir", s.cfg.DataDir, ids, s.cfg.NodeID)
 }
 
 // boltHasLogs reports whether the bbolt file holds log entries (a data
@@ -415,6 +443,12 @@ func (s *Server) becomeLeader() error {
 		}
 	}
 	if err := s.raft.Barrier(s.cfg.ApplyTimeout).Error(); err != nil {
+		return err
+	}
+	// Raft's own entries of this term (its no-op, the barrier) never reach
+	// the FSM; a no-op command does, so that the FSM's applied index is the
+	// commit index again and reads need not wait (see readBarrier).
+	if _, err := s.propose(&command{op: opNoop}); err != nil {
 		return err
 	}
 	s.clock.restartAll()

@@ -404,7 +404,7 @@ type AcquireRequest struct {
 	// loss. May be empty.
 	Session string `protobuf:"bytes,6,opt,name=session,proto3" json:"session,omitempty"`
 	// LockDelay: after this grant is lost without a release (expiry, force
-	// release, an unclaimed handoff), the key is granted to nobody for this
+	// release), the key is granted to nobody for this
 	// long, so that a paused holder's in-flight writes land first (Chubby's
 	// and Consul's lock-delay). Unset: the server's default (--lock-delay).
 	// At most the TTL.
@@ -746,7 +746,8 @@ type RenewResult struct {
 	Owner string                 `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
 	// OK: the grant was extended.
 	Ok bool `protobuf:"varint,3,opt,name=ok,proto3" json:"ok,omitempty"`
-	// Reason when not ok: LEASE_LOST, INVALID_KEY, INVALID_TTL, INVALID_OWNER.
+	// Reason when not ok: LEASE_LOST. (An invalid item, a bad key, owner or
+	// TTL, fails the whole request with INVALID_ARGUMENT and renews nothing.)
 	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
