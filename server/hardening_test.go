@@ -3,12 +3,14 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -310,5 +312,32 @@ func TestServer_ListPages(t *testing.T) {
 	_, err := c.List(ctx, &dlockv1.ListRequest{PageToken: "!!"})
 	if status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("bad page token: %v", err)
+	}
+}
+
+// TestServer_LargeHeadersAreRefused: a call's header list is bounded (gRPC's
+// own 16 MiB default let 60 streams hold a gigabyte of metadata), and so
+// are HTTP request headers.
+func TestServer_LargeHeadersAreRefused(t *testing.T) {
+	srv := start(t, nil)
+	c := grpcClient(t, srv.Addr())
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "x-big", strings.Repeat("x", 256<<10))
+	if _, err := c.Acquire(ctx, &dlockv1.AcquireRequest{Key: "k"}); err == nil {
+		t.Fatal("a call with 256 KiB of metadata was served")
+	}
+	if _, err := c.Acquire(t.Context(), &dlockv1.AcquireRequest{Key: "k"}); err != nil {
+		t.Fatalf("a normal call after the refusal: %v", err)
+	}
+	req, err := http.NewRequest("GET", "http://"+srv.Addr()+"/healthz", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-Big", strings.Repeat("x", 256<<10))
+	resp, err := http.DefaultClient.Do(req)
+	if err == nil {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+			t.Fatalf("HTTP request with 256 KiB of headers: %d", resp.StatusCode)
+		}
 	}
 }
