@@ -149,6 +149,18 @@ type Config struct {
 	// flow control holds the client back (counted as limit
 	// "session_inflight", nothing is refused). Default 256, at most 65,536.
 	MaxInflightPerStream int
+	// MaxInflightBytes bounds the bytes of the Session calls of this node
+	// that are running or whose answer is not sent yet, and
+	// MaxInflightBytesPerStream those of one Session stream. A call weighs
+	// its request's encoded size, at least 1 KiB. A stream whose next call
+	// does not fit is not read until enough answers are sent, and HTTP/2
+	// flow control holds its client back (counted as limits
+	// "inflight_bytes" and "session_inflight_bytes", nothing is refused); a
+	// call heavier than a budget waits until it is the only one in it.
+	// MaxInflightPerStream alone let pipelined calls of up to
+	// MaxRequestBytes each hold a gigabyte. Defaults 64 MiB and 4 MiB, at
+	// least 1 KiB each.
+	MaxInflightBytes, MaxInflightBytesPerStream int
 	// MaxWatchBacklog bounds the loss events queued for one Watch stream
 	// whose client does not read them. Beyond it the stream ends with
 	// RESOURCE_EXHAUSTED (WATCH_BACKLOG_FULL; limit "watch_backlog") rather
@@ -221,6 +233,9 @@ func DefaultConfig() Config {
 		MaxInflightPerStream:    256,
 		MaxWatchBacklog:         1024,
 		HTTPBodyTimeout:         10 * time.Second,
+
+		MaxInflightBytes:          64 << 20,
+		MaxInflightBytesPerStream: 4 << 20,
 	}
 }
 
@@ -296,6 +311,9 @@ func (c Config) Validate() error {
 	if c.MaxInflightPerStream < 1 || c.MaxInflightPerStream > 65536 {
 		bad("MaxInflightPerStream %d outside [1, 65536]", c.MaxInflightPerStream)
 	}
+	if c.MaxInflightBytes < 1024 || c.MaxInflightBytesPerStream < 1024 {
+		bad("MaxInflightBytes %d and MaxInflightBytesPerStream %d must be at least 1024", c.MaxInflightBytes, c.MaxInflightBytesPerStream)
+	}
 	if c.MaxWatchBacklog < 1 {
 		bad("MaxWatchBacklog %d < 1", c.MaxWatchBacklog)
 	}
@@ -361,6 +379,8 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.MaxWatchStreams, "max-watch-streams", c.MaxWatchStreams, "open Watch streams limit of the server")
 	fs.IntVar(&c.MaxWaitingRequests, "max-waiting-requests", c.MaxWaitingRequests, "acquisitions with wait in flight limit of the server (Wait streams, gRPC and HTTP)")
 	fs.IntVar(&c.MaxInflightPerStream, "max-inflight-per-stream", c.MaxInflightPerStream, "calls in flight per Session stream; beyond, the server stops reading the stream")
+	fs.IntVar(&c.MaxInflightBytes, "max-inflight-bytes", c.MaxInflightBytes, "bytes of Session calls in flight on the server (request sizes, at least 1 KiB a call); beyond, streams are not read")
+	fs.IntVar(&c.MaxInflightBytesPerStream, "max-inflight-bytes-per-stream", c.MaxInflightBytesPerStream, "bytes of calls in flight per Session stream; beyond, the server stops reading the stream")
 	fs.IntVar(&c.MaxWatchBacklog, "max-watch-backlog", c.MaxWatchBacklog, "unread loss events per Watch stream; beyond, the stream ends so the client reconnects")
 	fs.DurationVar(&c.HTTPBodyTimeout, "http-body-timeout", c.HTTPBodyTimeout, "time limit for reading an HTTP request body (not the wait that follows)")
 

@@ -52,8 +52,11 @@ const (
 	limitWatchStreams    = "watch_streams"
 	limitWaitingRequests = "waiting_requests"
 	limitSessionInflight = "session_inflight"
-	limitWatchBacklog    = "watch_backlog"
-	limitHTTPBodyTimeout = "http_body_timeout"
+	// Bytes of Session calls in flight, of one stream and of the node.
+	limitSessionInflightBytes = "session_inflight_bytes"
+	limitInflightBytes        = "inflight_bytes"
+	limitWatchBacklog         = "watch_backlog"
+	limitHTTPBodyTimeout      = "http_body_timeout"
 )
 
 // logEvery is the shortest interval between two log lines of one limit;
@@ -72,6 +75,10 @@ type limits struct {
 
 	sessionStreams, waitStreams, watchStreams, waiting atomic.Int64
 
+	// inflight holds the bytes of the node's Session calls in flight
+	// (Config.MaxInflightBytes); session.go takes and gives them back.
+	inflight *byteBudget
+
 	now   func() time.Time // time.Now; tests replace it
 	logMu sync.Mutex
 	logs  map[string]*refusalLog
@@ -87,6 +94,7 @@ type refusalLog struct {
 func (l *limits) bind(s *Server) {
 	l.s = s
 	l.now = time.Now
+	l.inflight = newByteBudget(int64(s.cfg.MaxInflightBytes))
 }
 
 // limits returns the node's limits; see the limits type.
@@ -191,4 +199,99 @@ func (l *limits) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.Str
 	}
 	defer release()
 	return h(srv, ss)
+}
+
+// byteBudget is a weighted semaphore of bytes whose waits can be abandoned,
+// served first come, first served: a heavy call is not starved by light
+// ones that keep fitting in the gaps.
+type byteBudget struct {
+	size int64
+
+	mu      sync.Mutex
+	used    int64
+	waiters []*budgetWaiter // FIFO
+}
+
+type budgetWaiter struct {
+	n     int64
+	ready chan struct{} // closed when n is taken for this waiter
+}
+
+func newByteBudget(size int64) *byteBudget { return &byteBudget{size: size} }
+
+// weight is what taking n costs: n, but at most the whole budget, so that
+// a call heavier than the budget runs once it is alone in it.
+func (b *byteBudget) weight(n int64) int64 { return min(n, b.size) }
+
+// tryTake takes weight(n) bytes if they are free and nobody waits before
+// it; the caller gives back weight(n).
+func (b *byteBudget) tryTake(n int64) bool {
+	n = b.weight(n)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.waiters) == 0 && b.used+n <= b.size {
+		b.used += n
+		return true
+	}
+	return false
+}
+
+// take waits for weight(n) bytes and takes them, or gives up when done1 or
+// done2 closes first (then it takes nothing and returns false).
+func (b *byteBudget) take(n int64, done1, done2 <-chan struct{}) bool {
+	n = b.weight(n)
+	b.mu.Lock()
+	if len(b.waiters) == 0 && b.used+n <= b.size {
+		b.used += n
+		b.mu.Unlock()
+		return true
+	}
+	w := &budgetWaiter{n: n, ready: make(chan struct{})}
+	b.waiters = append(b.waiters, w)
+	b.mu.Unlock()
+	select {
+	case <-w.ready:
+		return true
+	case <-done1:
+	case <-done2:
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	select {
+	case <-w.ready: // granted meanwhile: give it back
+		b.used -= n
+	default:
+		for i, x := range b.waiters {
+			if x == w {
+				b.waiters = append(b.waiters[:i:i], b.waiters[i+1:]...)
+				break
+			}
+		}
+	}
+	b.grant() // the waiters behind w may fit now
+	return false
+}
+
+// give gives back weight(n) bytes taken with take or tryTake.
+func (b *byteBudget) give(n int64) {
+	n = b.weight(n)
+	b.mu.Lock()
+	b.used -= n
+	b.grant()
+	b.mu.Unlock()
+}
+
+// grant hands free bytes to the waiters in order, stopping at the first
+// that does not fit. b.mu is held.
+func (b *byteBudget) grant() {
+	for len(b.waiters) > 0 {
+		w := b.waiters[0]
+		if b.used+w.n > b.size {
+			return
+		}
+		b.used += w.n
+		close(w.ready)
+		b.waiters[0] = nil
+		b.waiters = b.waiters[1:]
+	}
 }

@@ -496,3 +496,198 @@ func TestWatch_IdleStreamsAreCheap(t *testing.T) {
 	}
 	runtime.KeepAlive(ws)
 }
+
+// bigRenew is a Session renewal of about 0.9 MB: 1,700 items with 512-byte
+// keys that are not held (each answered LEASE_LOST, so its answer is as
+// large).
+func bigRenew(id uint64) *dlockv1.SessionRequest {
+	items := make([]*dlockv1.RenewItem, 1700)
+	pad := strings.Repeat("k", 500)
+	for i := range items {
+		items[i] = &dlockv1.RenewItem{Key: fmt.Sprintf("big-%06d-%s", i, pad), Owner: "owner-big-0123456789"}
+	}
+	return &dlockv1.SessionRequest{Id: id, Call: &dlockv1.SessionRequest_Renew{Renew: &dlockv1.RenewRequest{Items: items}}}
+}
+
+// pipeline sends n copies of req on st (ids 1..n) without reading, counting
+// them in sent, then half-closes; the result goes to done.
+func pipeline(st dlockv1.Lock_SessionClient, req *dlockv1.SessionRequest, n int, sent *atomic.Int64, done chan<- error) {
+	for i := 1; i <= n; i++ {
+		r := &dlockv1.SessionRequest{Id: uint64(i), Call: req.GetCall()}
+		if err := st.Send(r); err != nil {
+			done <- err
+			return
+		}
+		sent.Add(1)
+	}
+	done <- st.CloseSend()
+}
+
+// awaitStall waits until none of sent has moved for 300 ms: every client's
+// sends are held back.
+func awaitStall(t *testing.T, sent []*atomic.Int64, done []chan error) {
+	t.Helper()
+	sum := func() (s int64) {
+		for _, x := range sent {
+			s += x.Load()
+		}
+		return s
+	}
+	last, still := int64(-1), 0
+	deadline := time.Now().Add(60 * time.Second)
+	for still < 30 {
+		for i, d := range done {
+			select {
+			case err := <-d:
+				t.Fatalf("stream %d sent all its calls without the server reading them (%v): no backpressure", i, err)
+			default:
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the clients' sends never stalled")
+		}
+		if s := sum(); s == last {
+			still++
+		} else {
+			last, still = s, 0
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestSession_InflightBytes: four Session streams pipelining 0.9 MB
+// renewals without reading the answers no longer grow the server by a
+// gigabyte (MaxInflightPerStream counted calls, not bytes: 256 calls of
+// 0.9 MB per stream): the node stops reading them once MaxInflightBytes of
+// calls are in flight, so its heap stays within the budget (calls and
+// their answers) plus one waiting call per stream and slack; once the
+// clients read, every call is answered. Streams stalled on the budget end
+// with their client or with the server, leaving no goroutine behind.
+func TestSession_InflightBytes(t *testing.T) {
+	const budget = 8 << 20
+	srv := start(t, func(c *server.Config) { c.MaxInflightBytes = budget })
+	ctx, cancel := context.WithTimeout(t.Context(), 120*time.Second)
+	defer cancel()
+	req := bigRenew(0)
+	const streams, n = 4, 40 // 144 MB of calls, 18 times the budget
+	open := func(ctx context.Context) []dlockv1.Lock_SessionClient {
+		var sts []dlockv1.Lock_SessionClient
+		for range streams {
+			st, err := dlockv1.NewLockClient(dialStatic(t, srv.Addr())).Session(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sts = append(sts, st)
+		}
+		return sts
+	}
+	sts := open(ctx)
+	for _, st := range sts { // let the streams start before the baseline
+		if err := st.Send(&dlockv1.SessionRequest{Id: 0, Call: &dlockv1.SessionRequest_Renew{Renew: &dlockv1.RenewRequest{Items: []*dlockv1.RenewItem{{Key: "x", Owner: "owner-big-0123456789"}}}}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Recv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	base := runtime.NumGoroutine()
+
+	sent := make([]*atomic.Int64, streams)
+	done := make([]chan error, streams)
+	for i, st := range sts {
+		sent[i], done[i] = new(atomic.Int64), make(chan error, 1)
+		go pipeline(st, req, n, sent[i], done[i])
+	}
+	awaitStall(t, sent, done)
+	runtime.GC()
+	var during runtime.MemStats
+	runtime.ReadMemStats(&during)
+	grown := int64(during.HeapAlloc) - int64(before.HeapAlloc)
+	// The budget's calls and their answers, a call waiting for the
+	// budget per stream, the clients' blocked sends, and slack.
+	limit := int64(2*budget + 2*streams*(1<<20) + 24<<20)
+	t.Logf("stalled after %v calls sent; heap %d MB before, %d MB during (+%d MB, limit +%d MB); %d goroutines (%d before)",
+		[]int64{sent[0].Load(), sent[1].Load(), sent[2].Load(), sent[3].Load()}, before.HeapAlloc>>20, during.HeapAlloc>>20, grown>>20, limit>>20, runtime.NumGoroutine(), base)
+	if grown > limit {
+		t.Errorf("heap grew by %d MB, want at most %d MB", grown>>20, limit>>20)
+	}
+	if r := refusals(t, srv.Addr(), "inflight_bytes") + refusals(t, srv.Addr(), "session_inflight_bytes"); r < 1 {
+		t.Errorf("inflight byte pauses: %d, want at least 1", r)
+	}
+
+	// Now read: every call is answered, once.
+	var wg sync.WaitGroup
+	for i, st := range sts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			seen := make([]bool, n+1)
+			for range n {
+				r, err := st.Recv()
+				if err != nil {
+					t.Errorf("stream %d: %v", i, err)
+					return
+				}
+				if id := r.GetId(); id == 0 || id > n || seen[id] || r.GetCode() != 0 || len(r.GetRenew().GetResults()) != len(req.GetRenew().GetItems()) {
+					t.Errorf("stream %d: answer id %d code %d message %q", i, r.GetId(), r.GetCode(), r.GetMessage())
+					return
+				}
+				seen[r.GetId()] = true
+			}
+			if err := <-done[i]; err != nil {
+				t.Errorf("stream %d: send: %v", i, err)
+			}
+			if _, err := st.Recv(); !errors.Is(err, io.EOF) {
+				t.Errorf("stream %d: end: %v", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+
+	// Stall them again; end two with their clients, the others with the
+	// server: the waits for the budget are abandoned.
+	sctx, scancel := context.WithCancel(ctx)
+	defer scancel()
+	first, second := open(sctx)[:2], open(ctx)[2:]
+	sts = append(first, second...)
+	for i, st := range sts {
+		sent[i], done[i] = new(atomic.Int64), make(chan error, 1)
+		go pipeline(st, req, n, sent[i], done[i])
+	}
+	awaitStall(t, sent, done)
+	scancel()
+	for _, st := range first {
+		if _, err := st.Recv(); status.Code(err) != codes.Canceled {
+			t.Errorf("cancelled stream: %v", err)
+		}
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- srv.Stop() }()
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	case <-time.After(8 * time.Second):
+		t.Fatal("the server did not stop with Session streams waiting for the byte budget")
+	}
+	for _, st := range second {
+		for {
+			if _, err := st.Recv(); err != nil {
+				if status.Code(err) != codes.Unavailable {
+					t.Errorf("stream at shutdown: %v, want UNAVAILABLE", err)
+				}
+				break
+			}
+		}
+	}
+	for i := range sts {
+		<-done[i] // the clients' sends end too
+	}
+}

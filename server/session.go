@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	dlockv1 "github.com/dlock-dev/dlock/proto/dlock/v1"
 )
@@ -60,30 +61,51 @@ func (p *callPool) run(f func()) {
 //
 // Backpressure: a call takes a slot before it is read and gives it back when
 // its answer is sent, so at most Config.MaxInflightPerStream calls of one
-// stream are running or waiting to be sent. When every slot is taken the
-// stream is not read; its unread calls stay in the client's buffers,
-// bounded by HTTP/2 flow control. One goroutine sends the answers, so a
-// client that does not read them blocks that goroutine only, never the
-// calls' workers.
+// stream are running or waiting to be sent. Once read, and before it runs,
+// a call also takes its weight (its request's size, at least
+// minCallWeight) from the stream's byte budget
+// (MaxInflightBytesPerStream) and then from the node's (MaxInflightBytes),
+// and gives it back when its answer is sent. When every slot is taken, or
+// the next call's bytes do not fit, the stream is not read; its unread
+// calls stay in the client's buffers, bounded by HTTP/2 flow control. So
+// the node holds at most MaxInflightBytes of calls (and their answers) plus
+// one waiting call, at most MaxRequestBytes, per stream. One goroutine
+// sends the answers, so a client that does not read them blocks that
+// goroutine only, never the calls' workers.
 type sessionStream struct {
 	a      *api
 	stream dlockv1.Lock_SessionServer
 
-	slots chan struct{}                 // one per call in flight; capacity MaxInflightPerStream
-	out   chan *dlockv1.SessionResponse // answers to send; capacity MaxInflightPerStream
+	slots chan struct{}      // one per call in flight; capacity MaxInflightPerStream
+	out   chan sessionAnswer // answers to send; capacity MaxInflightPerStream
+	bytes *byteBudget        // bytes of the calls in flight; MaxInflightBytesPerStream
 
 	mu      sync.Mutex
 	stopped bool
-	running map[uint64]context.CancelFunc // acquisitions that can be cancelled
+	// running holds the ids of the calls running: the cancel function of
+	// an acquisition, nil for another call.
+	running map[uint64]context.CancelFunc
 	wg      sync.WaitGroup
 }
+
+// sessionAnswer is an answer to send and the weight its call took from the
+// byte budgets.
+type sessionAnswer struct {
+	resp   *dlockv1.SessionResponse
+	weight int64
+}
+
+// minCallWeight is the least weight of a Session call in the byte budgets:
+// a tiny call still costs a goroutine, a context and an answer.
+const minCallWeight = 1024
 
 // Session implements dlockv1.LockServer: see the proto.
 func (a *api) Session(stream dlockv1.Lock_SessionServer) error {
 	n := a.s.cfg.MaxInflightPerStream
 	ss := &sessionStream{
 		a: a, stream: stream, running: make(map[uint64]context.CancelFunc),
-		slots: make(chan struct{}, n), out: make(chan *dlockv1.SessionResponse, n),
+		slots: make(chan struct{}, n), out: make(chan sessionAnswer, n),
+		bytes: newByteBudget(int64(a.s.cfg.MaxInflightBytesPerStream)),
 	}
 	sent := make(chan struct{})
 	go ss.sendLoop(sent)
@@ -109,17 +131,55 @@ func (a *api) Session(stream dlockv1.Lock_SessionServer) error {
 }
 
 // sendLoop sends the answers until out is closed, giving each call's slot
-// back once its answer is sent. After a failed send it drops the rest (the
-// stream is broken) but still gives their slots back.
+// and bytes back once its answer is sent. After a failed send it drops the
+// rest (the stream is broken) but still gives their slots and bytes back.
 func (ss *sessionStream) sendLoop(done chan<- struct{}) {
 	defer close(done)
 	broken := false
-	for resp := range ss.out {
-		if !broken && ss.stream.Send(resp) != nil {
+	for ans := range ss.out {
+		if !broken && ss.stream.Send(ans.resp) != nil {
 			broken = true
 		}
+		ans.resp = nil
+		ss.giveBytes(ans.weight)
 		<-ss.slots
 	}
+}
+
+// takeBytes waits until a call of weight bytes fits in the stream's byte
+// budget and then in the node's, and takes it from both. It returns an
+// error, having taken nothing, when the stream or the server ends first.
+func (ss *sessionStream) takeBytes(ctx context.Context, weight int64) error {
+	lim := ss.a.s.limits()
+	if !ss.bytes.tryTake(weight) {
+		lim.refused(limitSessionInflightBytes, fmt.Sprintf("a Session stream's next call of %d bytes does not fit in the %d bytes it may have in flight; not reading it until answers are sent", weight, ss.bytes.size))
+		if !ss.bytes.take(weight, ctx.Done(), ss.a.s.closing) {
+			return ss.ended(ctx)
+		}
+	}
+	if !lim.inflight.tryTake(weight) {
+		lim.refused(limitInflightBytes, fmt.Sprintf("a Session call of %d bytes does not fit in the %d bytes of calls this node may have in flight; not reading its stream until answers are sent", weight, lim.inflight.size))
+		if !lim.inflight.take(weight, ctx.Done(), ss.a.s.closing) {
+			ss.bytes.give(weight)
+			return ss.ended(ctx)
+		}
+	}
+	return nil
+}
+
+// giveBytes gives back what takeBytes took.
+func (ss *sessionStream) giveBytes(weight int64) {
+	ss.a.s.limits().inflight.give(weight)
+	ss.bytes.give(weight)
+}
+
+// ended is the error of a wait abandoned because the stream (ctx) or the
+// server ended.
+func (ss *sessionStream) ended(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return status.FromContextError(err).Err()
+	}
+	return io.EOF
 }
 
 // takeSlot waits for a free slot before the next call is read. It returns
@@ -154,7 +214,9 @@ func (ss *sessionStream) recvLoop() error {
 			return err
 		}
 		id := req.GetId()
-		if _, ok := req.GetCall().(*dlockv1.SessionRequest_Cancel); ok {
+		// Only cancel: true cancels; cancel: false is an empty call,
+		// answered INVALID_ARGUMENT by call.
+		if c, ok := req.GetCall().(*dlockv1.SessionRequest_Cancel); ok && c.Cancel {
 			<-ss.slots // a cancel is not answered
 			ss.mu.Lock()
 			if cancel := ss.running[id]; cancel != nil {
@@ -163,32 +225,71 @@ func (ss *sessionStream) recvLoop() error {
 			ss.mu.Unlock()
 			continue
 		}
+		weight := max(int64(proto.Size(req)), minCallWeight)
+		if err := ss.takeBytes(ctx, weight); err != nil {
+			<-ss.slots
+			return err
+		}
 		ss.mu.Lock()
 		if ss.stopped {
 			ss.mu.Unlock()
+			ss.giveBytes(weight)
 			<-ss.slots
 			return io.EOF
+		}
+		if _, busy := ss.running[id]; busy {
+			// Answered without running: two calls with one id could
+			// not be told apart, nor cancelled one at a time. Sent
+			// under mu, before stopped is set: out is not closed yet,
+			// and has room for every slot.
+			ss.out <- sessionAnswer{ss.refuseBusyID(req), weight}
+			ss.mu.Unlock()
+			continue
 		}
 		cctx := ctx
 		var cancel context.CancelFunc
 		if _, ok := req.GetCall().(*dlockv1.SessionRequest_Acquire); ok {
 			cctx, cancel = context.WithCancel(ctx)
-			ss.running[id] = cancel
 		}
+		ss.running[id] = cancel
 		ss.wg.Add(1)
 		ss.mu.Unlock()
 		ss.a.s.calls.run(func() {
 			defer ss.wg.Done()
 			resp := ss.safeCall(cctx, req)
+			ss.mu.Lock()
+			delete(ss.running, id)
+			ss.mu.Unlock()
 			if cancel != nil {
-				ss.mu.Lock()
-				delete(ss.running, id)
-				ss.mu.Unlock()
 				cancel()
 			}
-			ss.out <- resp // never blocks: out has room for every slot
+			ss.out <- sessionAnswer{resp, weight} // never blocks: out has room for every slot
 		})
 	}
+}
+
+// refuseBusyID answers req, whose id is that of a call still running,
+// INVALID_ARGUMENT without running it, counted as its method.
+func (ss *sessionStream) refuseBusyID(req *dlockv1.SessionRequest) *dlockv1.SessionResponse {
+	start := time.Now()
+	err := apiErr(codes.InvalidArgument, ReasonInvalidRequest, "session: id %d is in use by a running call", req.GetId())
+	ss.a.s.requestDone(transportSession, sessionMethod(req), keyOf(req), err, start)
+	st := status.Convert(err)
+	return &dlockv1.SessionResponse{Id: req.GetId(), Code: int32(st.Code()), Message: st.Message()}
+}
+
+// sessionMethod is the full method name under which a Session call is
+// counted: its unary twin's, or Session's for an empty call.
+func sessionMethod(req *dlockv1.SessionRequest) string {
+	switch req.GetCall().(type) {
+	case *dlockv1.SessionRequest_Acquire:
+		return methodAcquire
+	case *dlockv1.SessionRequest_Release:
+		return methodRelease
+	case *dlockv1.SessionRequest_Renew:
+		return methodRenew
+	}
+	return dlockv1.Lock_Session_FullMethodName
 }
 
 // safeCall is call, with a panic answered INTERNAL (see recover.go).
