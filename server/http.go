@@ -154,12 +154,21 @@ func unary[Req, Resp proto.Message](s *Server, name string, newReq func() Req, c
 }
 
 // readBody reads r's body, at most MaxRequestBytes (else 413
-// REQUEST_TOO_LARGE) within HTTPBodyTimeout (else 408 BODY_TIMEOUT). The
+// REQUEST_TOO_LARGE, at once when the Content-Length says so) within
+// HTTPBodyTimeout (else 408 BODY_TIMEOUT). The
 // read deadline is cleared afterwards so that it never bounds the
 // long-poll wait that may follow. (net/http clears it too when it starts
 // its background read, the one that notices a client going away, at the
 // body's end; this does not rely on it.)
 func readBody(s *Server, w http.ResponseWriter, r *http.Request) (body []byte, status int, err *apiError) {
+	if r.ContentLength > int64(s.cfg.MaxRequestBytes) {
+		// Declared too large: answered at once, not after reading (or
+		// waiting HTTPBodyTimeout for) a body that would be refused. The
+		// body is not read, so the connection cannot carry another
+		// request.
+		w.Header().Set("Connection", "close")
+		return nil, http.StatusRequestEntityTooLarge, errTooLarge.(*apiError)
+	}
 	rc := http.NewResponseController(w)
 	// Not every ResponseWriter supports deadlines (httptest's does not):
 	// then the body is read without one.

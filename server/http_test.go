@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"bufio"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -70,6 +71,41 @@ func TestHTTP_SlowBodyTimesOut(t *testing.T) {
 	code, m := post(t, srv.Addr(), "/v1/inspect", `{"key":"slow"}`)
 	if code != http.StatusOK || m["held"] == true {
 		t.Errorf("the slow request changed the state: %d %v", code, m)
+	}
+}
+
+// TestHTTP_DeclaredTooLargeAnsweredAtOnce: a request whose Content-Length
+// exceeds MaxRequestBytes is answered 413 (REQUEST_TOO_LARGE) at once,
+// without its body (it used to wait HTTPBodyTimeout for the body and answer
+// 408), and its connection is closed.
+func TestHTTP_DeclaredTooLargeAnsweredAtOnce(t *testing.T) {
+	srv := start(t, func(c *server.Config) { c.HTTPBodyTimeout = 20 * time.Second })
+	conn, err := net.Dial("tcp", srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.Write([]byte("POST /v1/acquire HTTP/1.1\r\nHost: dlockd\r\nContent-Type: application/json\r\n" +
+		"Content-Length: " + strconv.Itoa(srv.Cfg.MaxRequestBytes+1) + "\r\n\r\n{")); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("no answer within 10s to a declared oversized body: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(string(b), "REQUEST_TOO_LARGE") {
+		t.Fatalf("status %d %s, want 413 REQUEST_TOO_LARGE", resp.StatusCode, b)
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("answered after %v, want at once", took)
+	}
+	if !resp.Close {
+		t.Errorf("connection not closed after an unread body (Connection: %q)", resp.Header.Get("Connection"))
 	}
 }
 
