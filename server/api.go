@@ -40,8 +40,8 @@ func newGRPCServer(s *Server) *grpc.Server {
 		// connection, which costs a round of frames per burst of small
 		// messages. A stream's window is HTTP/2's default, 64 KiB (about
 		// a thousand Session calls): it bounds what a client can push on
-		// a stream the server does not read (a Session stream at
-		// MaxInflightPerStream), to 64 MiB for a connection with 1,024
+		// a stream the server does not read (a Session stream at its
+		// call or byte budget), to 64 MiB for a connection with 1,024
 		// streams where 1 MiB windows allowed 1 GiB.
 		grpc.InitialWindowSize(65535),
 		grpc.InitialConnWindowSize(1<<20),

@@ -195,9 +195,12 @@
 // deadline is cleared before a long-poll wait), and a Watch stream's unread
 // events (the stream ends with WATCH_BACKLOG_FULL rather than drop a LOST
 // event; the client reconnects, and its own deadlines keep it safe). A
-// Session stream with MaxInflightPerStream calls running is not read until
-// one is answered, so HTTP/2 flow control pushes back on a client that
-// pipelines without reading.
+// Session stream with MaxInflightPerStream calls, or
+// MaxInflightBytesPerStream bytes of requests, running is not read until one
+// is answered, and so is any stream while the node's MaxInflightBytes are
+// taken; HTTP/2 flow control then pushes back on a client that pipelines
+// without reading. Headers are bounded at 64 KiB, and a gRPC connection with
+// no stream for 2 minutes is closed.
 //
 // Clients that make many calls use Session, one long-lived bidirectional
 // stream per client that carries Acquire (without wait), Release and Renew

@@ -9,7 +9,7 @@ import (
 )
 
 // newVersionCmd is dlock version: the build of this binary, as one line
-// (the same line as dlockd --version) or, with -o json, an object with the
+// (the line dlockd --version prints, but for "dlock") or, with -o json, an object with the
 // fields of buildinfo.Info.
 func newVersionCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
@@ -18,7 +18,7 @@ func newVersionCmd(g *globals) *cobra.Command {
 		Long: `Version prints the build of this dlock binary on one line: the module
 version, the VCS revision it was built from (marked modified when the working
 tree had uncommitted changes) and the Go version and platform. dlockd
---version prints the same line. With -o json it prints an object:
+--version prints the same line for dlockd. With -o json it prints an object:
 {"version", "revision", "modified", "go", "platform"}.`,
 		Example: `  dlock version
   dlock version -o json`,
