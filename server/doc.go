@@ -139,9 +139,12 @@
 //
 // # Reads
 //
-// Inspect, List and CheckFence are linearizable: the leader verifies its
-// leadership, then waits until its FSM has applied everything committed
-// before the read (with a Raft barrier when it is behind).
+// Inspect, List, CheckFence and refused tries are linearizable: the leader
+// verifies its leadership (VerifyLeader), then waits until its FSM has
+// applied the commit index it read after that. It writes nothing: a new
+// leader's first entry the FSM sees is a no-op command (Raft's own no-op
+// and barrier never reach the FSM), so the commit index is always one the
+// FSM will reach.
 //
 // CheckFence answers Chubby's sequencer check, "is fence F the current grant
 // of key K". It is weaker than a resource that stores the greatest fence it
