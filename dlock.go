@@ -89,13 +89,23 @@ var (
 	// ErrUnavailable: the store could not be reached or did not answer
 	// within the op timeout. The store's own error is wrapped too.
 	ErrUnavailable = driver.ErrUnavailable
+	// ErrInvalidArgument: an input (key, TTL, holder, owner, option, store
+	// URL) was refused as invalid, by dlock or by the store. Never
+	// ErrUnavailable, so WithFailOpen never runs work because of bad input;
+	// retrying cannot help. ErrInvalidKey, ErrInvalidTTL and
+	// ErrInvalidHolder match it too.
+	ErrInvalidArgument = driver.ErrInvalidArgument
 	// ErrInvalidKey: the key is empty, longer than MaxKeyBytes (512) bytes,
-	// not valid UTF-8, or contains NUL.
+	// not valid UTF-8, or contains NUL. Matches ErrInvalidArgument.
 	ErrInvalidKey = driver.ErrInvalidKey
 	// ErrInvalidTTL: the TTL is outside [MinTTL, MaxTTL], or the heartbeat
 	// interval is shorter than MinHeartbeat or not shorter than the TTL
-	// minus drift.
+	// minus drift. Matches ErrInvalidArgument.
 	ErrInvalidTTL = driver.ErrInvalidTTL
+	// ErrInvalidHolder: the WithHolder description is longer than
+	// MaxHolderBytes (256) bytes, not valid UTF-8, or contains a control
+	// character. Matches ErrInvalidArgument.
+	ErrInvalidHolder = driver.ErrInvalidHolder
 	// ErrStaleFence: a resource refused a write whose fencing token is not
 	// greater than one it has already seen (package dlock/fence).
 	ErrStaleFence = driver.ErrStaleFence
@@ -116,6 +126,8 @@ const (
 	MaxKeyBytes = driver.MaxKeyBytes // longest key, in bytes
 	MinTTL      = driver.MinTTL      // shortest TTL: 100 ms
 	MaxTTL      = driver.MaxTTL      // longest TTL: 24 h
+	// MaxHolderBytes is the longest WithHolder description, in bytes.
+	MaxHolderBytes = driver.MaxHolderBytes
 
 	// MinHeartbeat is the shortest renewal interval (WithHeartbeat), so a
 	// mistake cannot flood the store.
@@ -410,7 +422,7 @@ func (l *Locker) classify(op, key string, ctx context.Context, err error) error 
 	case err == nil:
 		return nil
 	case errors.Is(err, ErrNotAcquired), errors.Is(err, ErrLeaseLost),
-		errors.Is(err, ErrInvalidKey), errors.Is(err, ErrInvalidTTL),
+		errors.Is(err, ErrInvalidArgument),
 		errors.Is(err, ErrStaleFence), errors.Is(err, ErrUnsupported):
 		return l.wrap(op, key, err)
 	case ctxEnded(ctx) != nil:

@@ -50,13 +50,25 @@ var (
 	// ErrLeaseLost: the owner token no longer holds the key (expired, taken
 	// over, released, or the store said so).
 	ErrLeaseLost = errors.New("lease lost")
-	// ErrUnavailable: the store could not be reached or did not answer in time.
+	// ErrUnavailable: the store could not be reached or did not answer in
+	// time. Only that: a request the store answered by refusing it as
+	// invalid is ErrInvalidArgument, never ErrUnavailable.
 	ErrUnavailable = errors.New("store unavailable")
+	// ErrInvalidArgument: the caller's input (a key, TTL, holder, owner
+	// token, option or store URL) was refused as invalid, by dlock before
+	// any store was called or by the store itself. Retrying cannot help.
+	// ErrInvalidKey, ErrInvalidTTL and ErrInvalidHolder match it too.
+	ErrInvalidArgument = errors.New("invalid argument")
 	// ErrInvalidKey: the key is empty, longer than MaxKeyBytes, not valid
-	// UTF-8, or contains NUL.
-	ErrInvalidKey = errors.New("invalid key")
-	// ErrInvalidTTL: the TTL is outside [MinTTL, MaxTTL].
-	ErrInvalidTTL = errors.New("invalid TTL")
+	// UTF-8, or contains NUL. It matches ErrInvalidArgument.
+	ErrInvalidKey error = &invalidError{"invalid key"}
+	// ErrInvalidTTL: the TTL is outside [MinTTL, MaxTTL]. It matches
+	// ErrInvalidArgument.
+	ErrInvalidTTL error = &invalidError{"invalid TTL"}
+	// ErrInvalidHolder: the holder description is longer than
+	// MaxHolderBytes, not valid UTF-8, or contains a control character. It
+	// matches ErrInvalidArgument.
+	ErrInvalidHolder error = &invalidError{"invalid holder"}
 	// ErrStaleFence: a resource refused a write because a greater fencing
 	// token has already been seen.
 	ErrStaleFence = errors.New("stale fencing token")
@@ -66,6 +78,12 @@ var (
 	ErrReleased = errors.New("lease released")
 )
 
+// invalidError is a sentinel that also matches ErrInvalidArgument.
+type invalidError struct{ msg string }
+
+func (e *invalidError) Error() string        { return e.msg }
+func (e *invalidError) Is(target error) bool { return target == ErrInvalidArgument }
+
 // Limits of the contract, shared by every store.
 const (
 	// MaxKeyBytes is the longest valid key, in bytes of UTF-8.
@@ -74,6 +92,9 @@ const (
 	MinTTL = 100 * time.Millisecond
 	// MaxTTL is the longest valid lease TTL.
 	MaxTTL = 24 * time.Hour
+	// MaxHolderBytes is the longest valid holder description, in bytes of
+	// UTF-8.
+	MaxHolderBytes = 256
 )
 
 // AcquireRequest is one acquisition attempt.
