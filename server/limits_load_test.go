@@ -131,17 +131,21 @@ func startLoadProc(t *testing.T, bin string) *loadProc {
 }
 
 // rss returns the process's resident set size in bytes (0 once gone).
-func (p *loadProc) rss() int64 {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", p.pid))
+func (p *loadProc) rss() int64 { return procStatusKiB(p.pid, "VmRSS") << 10 }
+
+// procStatusKiB returns a /proc/PID/status field given in kB (VmRSS, VmHWM),
+// in KiB; 0 when the process is gone or has no such field.
+func procStatusKiB(pid int, field string) int64 {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+		if v, ok := strings.CutPrefix(sc.Text(), field+":"); ok {
 			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			return kb << 10
+			return kb
 		}
 	}
 	return 0

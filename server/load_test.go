@@ -6,14 +6,11 @@ import (
 	"os"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	dlockv1 "github.com/dlock-dev/dlock/proto/dlock/v1"
@@ -23,18 +20,11 @@ import (
 // rssKiB returns a /proc/PID/status field (VmRSS, VmHWM) in KiB.
 func rssKiB(t *testing.T, pid int, field string) int {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
+	kib := procStatusKiB(pid, field)
+	if kib == 0 {
+		t.Fatalf("no %s in /proc/%d/status", field, pid)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			n, _ := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
-			return n
-		}
-	}
-	t.Fatalf("no %s in /proc/%d/status", field, pid)
-	return 0
+	return int(kib)
 }
 
 // heap reports the server's Go heap in use and goroutines, from /metrics.
@@ -50,12 +40,7 @@ func conns(t *testing.T, addr string, n int) []dlockv1.LockClient {
 	t.Helper()
 	out := make([]dlockv1.LockClient, n)
 	for i := range out {
-		cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = cc.Close() })
-		out[i] = dlockv1.NewLockClient(cc)
+		out[i] = dlockv1.NewLockClient(loadDial(t, addr))
 	}
 	return out
 }
