@@ -3,6 +3,7 @@ package dlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"time"
 
@@ -47,6 +48,12 @@ func (l *Locker) acquire(ctx context.Context, key string, wait bool, o options) 
 	req := driver.AcquireRequest{Key: key, Owner: newOwnerToken(), TTL: o.ttl, Holder: o.holder}
 	waiter, canWait := l.drv.(driver.Waiter)
 	var hints <-chan struct{}
+	budget := o.retryBudget(wait)
+	var (
+		outage  time.Time // when the current run of store errors began; zero: none
+		tries   int       // attempts that failed in the current outage
+		lastErr error     // the last store error of the current outage
+	)
 	for attempt := 0; ; attempt++ {
 		sent := time.Now()
 		var g driver.Grant
@@ -70,6 +77,7 @@ func (l *Locker) acquire(ctx context.Context, key string, wait bool, o options) 
 			return l.newLease(req, g, sent, o)
 		}
 		if errors.Is(err, ErrNotAcquired) && ctxEnded(actx) == nil {
+			outage, tries, lastErr = time.Time{}, 0, nil // the store answered
 			contended++
 			if !wait {
 				return nil, l.wrap("acquire", key, err)
@@ -86,8 +94,9 @@ func (l *Locker) acquire(ctx context.Context, key string, wait bool, o options) 
 		// release whatever the owner token may hold. When ctx ended the
 		// store is likely healthy, so this is done before returning (a
 		// nil error must mean "held", an error "nothing left behind"); after
-		// a store error it runs in the background, so that the caller gets
-		// ErrUnavailable within the op timeout.
+		// a store error, or when ctx ends during an outage, it runs in the
+		// background (Close waits for it), so that the caller gets its
+		// error without another round trip of a store that may be down.
 		ended := ctxEnded(actx)
 		closing := context.Cause(actx) == ErrClosed && ctx.Err() == nil
 		switch {
@@ -96,21 +105,108 @@ func (l *Locker) acquire(ctx context.Context, key string, wait bool, o options) 
 			// left on the store before returning (its contract), within its
 			// own bound; a second release would make the pending call wait
 			// another op timeout on a store that may not answer.
-		case ended != nil:
+		case ended != nil && outage.IsZero():
 			l.cleanupNow(req, o)
 		default:
 			l.cleanup(req, o)
 		}
 		if ended != nil {
-			if context.Cause(actx) == ErrClosed && ctx.Err() == nil {
-				return nil, l.wrap("acquire", key, ErrClosed)
+			return nil, l.ended(ctx, actx, key, ended, outage, tries, lastErr)
+		}
+		if !retryable(err) {
+			// Invalid input, a lost grant, an unsupported operation: the
+			// store answered, and asking again cannot help. Never
+			// degraded by WithFailOpen.
+			return nil, l.classify("acquire", key, ctx, err)
+		}
+		if outage.IsZero() {
+			outage = sent
+		}
+		tries++
+		lastErr = err
+		elapsed := time.Since(outage)
+		if budget >= 0 && elapsed >= budget {
+			if o.failOpen {
+				return l.degradedLease(req, o), nil
 			}
-			return nil, l.classify("acquire", key, ctx, ended)
+			if tries == 1 {
+				return nil, l.classify("acquire", key, ctx, err)
+			}
+			return nil, l.wrap("acquire", key, gaveUp(err, elapsed, tries, nil))
 		}
-		if o.failOpen {
-			return l.degradedLease(req, o), nil
+		pause := backoff(o.backoffMin, o.backoffMax, tries-1)
+		if budget >= 0 {
+			pause = min(pause, budget-elapsed)
 		}
-		return nil, l.classify("acquire", key, ctx, err)
+		if ro, ok := l.observer(o).(RetryObserver); ok {
+			ro.AcquireRetry(RetryEvent{
+				Store: l.store, KeyClass: o.keyClass, Attempt: tries,
+				Elapsed: elapsed, Backoff: pause, Err: err,
+			})
+		}
+		// A new owner token for the next attempt: the background release
+		// of the old one must not remove a grant the next attempt gets.
+		req.Owner = newOwnerToken()
+		if !sleepCtx(actx, pause) {
+			return nil, l.ended(ctx, actx, key, ctxEnded(actx), outage, tries, lastErr)
+		}
+	}
+}
+
+// ended returns the error of an acquisition whose ctx (the caller's, or the
+// Locker's close) ended: ErrClosed when the Locker closed; otherwise an
+// error matching ctx.Err() that, during an outage, also matches
+// ErrUnavailable and wraps the last store error.
+func (l *Locker) ended(ctx, actx context.Context, key string, ended error, outage time.Time, tries int, lastErr error) error {
+	if context.Cause(actx) == ErrClosed && ctx.Err() == nil {
+		return l.wrap("acquire", key, ErrClosed)
+	}
+	if outage.IsZero() || lastErr == nil {
+		return l.classify("acquire", key, ctx, ended)
+	}
+	cerr := ended
+	if cause := context.Cause(ctx); cause != nil && cause != ended {
+		cerr = fmt.Errorf("%w (%w)", ended, cause)
+	}
+	return l.wrap("acquire", key, gaveUp(lastErr, time.Since(outage), tries, cerr))
+}
+
+// gaveUp is the error of an acquisition that retried a store outage for
+// retried over attempts attempts, until its budget was spent (ended nil)
+// or its ctx ended (ended set). It matches ErrUnavailable, last, and ended.
+func gaveUp(last error, retried time.Duration, attempts int, ended error) error {
+	d := retried.Round(time.Millisecond)
+	if ended != nil {
+		return fmt.Errorf("%w (retried for %v, %d attempts, until %w): %w", ErrUnavailable, d, attempts, ended, last)
+	}
+	return fmt.Errorf("%w (retried for %v, %d attempts): %w", ErrUnavailable, d, attempts, last)
+}
+
+// retryable reports whether an acquisition's store error is transient: it
+// would be ErrUnavailable at the root. Invalid input, a lost grant, a held
+// key, an unsupported operation, a stale fence and a closed driver are the
+// store's answers and are never retried.
+func retryable(err error) bool {
+	for _, answer := range []error{
+		ErrInvalidArgument, ErrNotAcquired, ErrLeaseLost, ErrUnsupported, ErrStaleFence, ErrClosed,
+	} {
+		if errors.Is(err, answer) {
+			return false
+		}
+	}
+	return true
+}
+
+// sleepCtx sleeps for d and returns true, or returns false when ctx ends
+// first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
@@ -209,10 +305,12 @@ func resultOf(lease *Lease, err error) string {
 		return ResultAcquired
 	case errors.Is(err, ErrNotAcquired):
 		return ResultNotAcquired
-	case errors.Is(err, ErrInvalidKey), errors.Is(err, ErrInvalidTTL):
+	case errors.Is(err, ErrInvalidArgument):
 		return ResultInvalid
 	case errors.Is(err, ErrClosed):
 		return ResultClosed
+	case errors.Is(err, ErrUnavailable): // also when ctx ended during an outage
+		return ResultUnavailable
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return ResultCanceled
 	default:

@@ -69,6 +69,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/dlock-dev/dlock/driver"
@@ -372,6 +373,26 @@ func ValidateKey(key string) error {
 	return nil
 }
 
+// ValidateHolder reports whether description is a valid WithHolder
+// description: at most MaxHolderBytes bytes of valid UTF-8 without control
+// characters (unicode.IsControl: C0, DEL and C1, so no tab or newline). The
+// empty description is valid. It returns nil or ErrInvalidHolder (which
+// matches ErrInvalidArgument) wrapped with the reason.
+func ValidateHolder(description string) error {
+	switch {
+	case len(description) > MaxHolderBytes:
+		return fmt.Errorf("%w: %d bytes, longer than %d", ErrInvalidHolder, len(description), MaxHolderBytes)
+	case !utf8.ValidString(description):
+		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidHolder)
+	}
+	for i, r := range description {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("%w: control character %U at byte %d", ErrInvalidHolder, r, i)
+		}
+	}
+	return nil
+}
+
 // ValidateTTL reports whether ttl lies in [MinTTL, MaxTTL]. It returns nil
 // or ErrInvalidTTL wrapped with the reason.
 func ValidateTTL(ttl time.Duration) error {
@@ -384,6 +405,12 @@ func ValidateTTL(ttl time.Duration) error {
 func validateOptions(o options) error {
 	if err := ValidateTTL(o.ttl); err != nil {
 		return err
+	}
+	if err := ValidateHolder(o.holder); err != nil {
+		return err
+	}
+	if o.retrySet && o.retryFor < 0 {
+		return fmt.Errorf("%w: retry budget %v is negative", ErrInvalidArgument, o.retryFor)
 	}
 	hb := o.effectiveHeartbeat()
 	if hb < MinHeartbeat {

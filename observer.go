@@ -63,3 +63,24 @@ type nopObserver struct{}
 func (nopObserver) AcquireDone(AcquireEvent) {}
 func (nopObserver) Renewed(RenewEvent)       {}
 func (nopObserver) LeaseEnded(EndEvent)      {}
+
+// RetryObserver is an optional extension of Observer: an Observer that also
+// implements it is told of every retry of a transient store error by an
+// acquisition (see WithRetryFor), just before the backoff sleep. It is
+// found by type assertion, so Observers written without it keep working.
+type RetryObserver interface {
+	AcquireRetry(e RetryEvent)
+}
+
+// RetryEvent is given to RetryObserver.AcquireRetry.
+type RetryEvent struct {
+	Store, KeyClass string
+	// Attempt counts the failed attempts of this outage so far (≥ 1).
+	Attempt int
+	// Elapsed is the time since the outage's first attempt was sent.
+	Elapsed time.Duration
+	// Backoff is the sleep before the next attempt.
+	Backoff time.Duration
+	// Err is the store error being retried.
+	Err error
+}

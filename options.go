@@ -31,10 +31,13 @@ type options struct {
 	backoffMax time.Duration
 	opTimeout  time.Duration
 	failOpen   bool
+	retryFor   time.Duration // with retrySet; see retryBudget
+	retrySet   bool
 	holder     string
 	keyClass   string
 	observer   Observer
 	storeName  string
+	storeAddr  string // the store's redacted URL, for error messages (Open)
 }
 
 func defaultOptions() options {
@@ -95,15 +98,54 @@ func WithOpTimeout(d time.Duration) Option {
 }
 
 // WithFailOpen makes an acquisition that finds the store unavailable return a
-// degraded lease instead of ErrUnavailable. A degraded lease has no fence
-// (Fence returns 0), is not renewed and protects nothing: use it only for
-// efficiency locks, where a rare double run is acceptable. The default is to
-// fail closed.
+// degraded lease instead of ErrUnavailable, once its retry budget for
+// transient store errors is spent (see WithRetryFor): TryAcquire degrades
+// after its one attempt (or after WithRetryFor's budget); Acquire, Do and
+// AcquireAll retry for WithRetryFor's budget, or for the op timeout
+// (WithOpTimeout, default 5 s) when WithRetryFor is not given, then degrade.
+// Only ErrUnavailable degrades: invalid input (ErrInvalidArgument and the
+// specific ErrInvalidKey, ErrInvalidTTL, ErrInvalidHolder), a held key,
+// ErrClosed, ErrUnsupported and the end of ctx are returned as errors, never
+// as a degraded lease. A degraded lease has no fence (Fence returns 0), is not
+// renewed and protects nothing: use it only for efficiency locks, where a
+// rare double run is acceptable. The default is to fail closed.
 func WithFailOpen() Option { return func(o *options) { o.failOpen = true } }
+
+// WithRetryFor sets the retry budget of an acquisition for transient store
+// errors (ErrUnavailable: a store that refused the connection, is shutting
+// down or restarting, is electing a leader, or did not answer within the op
+// timeout). While the budget lasts the acquisition retries with full-jitter
+// exponential backoff within WithBackoff's bounds; each retry uses a new
+// owner token, and whatever an ambiguous attempt may have left on the store
+// is released in the background. The budget counts from the first store
+// error of an outage; any answer from the store (for example "the key is
+// held" while Acquire waits) ends the outage, and the next error starts a
+// new budget. No new attempt starts after the budget is spent, and each
+// attempt is bounded by the op timeout, so an acquisition that finds the
+// store down gives up within d plus one op timeout. It then returns an error
+// matching ErrUnavailable that wraps the last store error and says how long
+// it retried (or, with WithFailOpen, a degraded lease).
+//
+// Zero value (the option not given): TryAcquire makes one attempt (no
+// retry); Acquire, Do and AcquireAll retry until their ctx ends (and then
+// return an error matching both ErrUnavailable and ctx.Err()), except with
+// WithFailOpen, where they retry for the op timeout. WithRetryFor(0) makes
+// one attempt, waiting acquisitions included: a waiting Acquire then returns
+// ErrUnavailable at its first store error. A negative d fails the
+// acquisition with ErrInvalidArgument. Invalid input, ErrNotAcquired (for
+// TryAcquire), ErrLeaseLost, ErrUnsupported, ErrClosed and the end of ctx
+// are never retried.
+func WithRetryFor(d time.Duration) Option {
+	return func(o *options) { o.retryFor, o.retrySet = d, true }
+}
 
 // WithHolder sets a human-readable description of the holder (for example
 // "host-3 pid 4121 nightly-settlement"), stored with the grant where the
-// store can keep it and shown by inspection.
+// store can keep it and shown by inspection. It must be at most
+// MaxHolderBytes (256) bytes of valid UTF-8 without control characters
+// (tabs and newlines included); otherwise the acquisition fails with
+// ErrInvalidHolder (which matches ErrInvalidArgument) before any store is
+// called, and WithFailOpen does not apply. Zero value: no description.
 func WithHolder(description string) Option {
 	return func(o *options) { o.holder = description }
 }
@@ -123,6 +165,21 @@ func WithKeyClass(class string) Option {
 // events; see package dlock/metrics for a Prometheus collector. Zero value:
 // no observer.
 func WithObserver(obs Observer) Option { return func(o *options) { o.observer = obs } }
+
+// retryBudget returns how long an acquisition retries transient store
+// errors after the first one of an outage; negative: until ctx ends.
+func (o *options) retryBudget(wait bool) time.Duration {
+	switch {
+	case o.retrySet:
+		return o.retryFor
+	case !wait:
+		return 0
+	case o.failOpen:
+		return o.opTimeout
+	default:
+		return -1
+	}
+}
 
 func (o *options) effectiveDrift() time.Duration {
 	if o.drift >= 0 {
