@@ -59,13 +59,13 @@
 package dlock
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -142,7 +142,8 @@ type HolderInfo = driver.HolderInfo
 // one per process and store, and Close it at shutdown.
 type Locker struct {
 	drv   driver.Driver
-	store string
+	store string // the observer's store label
+	addr  string // names the store in errors: its redacted URL, or the label
 	opts  options
 
 	closeCtx    context.Context
@@ -158,32 +159,54 @@ type Locker struct {
 // Open opens a Locker on the store named by rawURL, choosing the driver by
 // the URL's scheme ("mem", "redis", "dlockd", ...) from the drivers
 // registered with driver.Register (import the driver package for its side
-// effect). opts set the defaults of every acquisition. It returns an error
-// wrapping ErrUnavailable when the store cannot be reached, and another
-// error for a URL or configuration the driver refuses.
+// effect, e.g. _ "github.com/dlock-dev/dlock/drivers/dlockddriver"). opts set
+// the defaults of every acquisition. Errors name the URL with its password
+// and secret query parameters (password=, token=, …) redacted, and so do
+// the Locker's later errors ("dlock: acquire "k" on dlockd://host:7450: …").
+//
+// It returns an error wrapping ErrUnavailable when the driver could not
+// reach the store (most drivers connect at Open; dlockd connects lazily, so
+// an outage shows at the first call), and an error matching
+// ErrInvalidArgument for everything else: an empty URL, one without a scheme
+// (for "127.0.0.1:7450" the message suggests "dlockd://127.0.0.1:7450"), a
+// scheme no registered driver serves (the message names the package to
+// import for the schemes of this module's drivers, and lists the supported
+// schemes for any other), a port outside 1..65535, and any URL or
+// configuration the driver refuses. So bad configuration is never taken for
+// an outage (WithFailOpen degrades only on ErrUnavailable).
 func Open(ctx context.Context, rawURL string, opts ...Option) (*Locker, error) {
-	u, err := url.Parse(rawURL)
+	u, err := parseStoreURL(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("dlock: open %q: %w", rawURL, err)
+		return nil, fmt.Errorf("dlock: open: %w", err)
 	}
+	addr := redactURL(u)
 	open, err := driver.Lookup(u.Scheme)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("dlock: open %s: %w", addr, noDriver(u))
 	}
 	d, err := open(ctx, u)
 	if err != nil {
 		// Drivers report an unreachable store as ErrUnavailable; anything
 		// else is a configuration error (a bad URL, too few nodes) and must
 		// not pass for an outage (fail-open would then run unlocked).
-		return nil, fmt.Errorf("dlock: open %s: %w", redact(u), err)
+		if !errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrInvalidArgument) && ctxEnded(ctx) == nil {
+			err = fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+		}
+		return nil, fmt.Errorf("dlock: open %s: %w", addr, err)
 	}
-	return New(d, append([]Option{WithStoreName(u.Scheme)}, opts...)...), nil
+	if d == nil {
+		return nil, fmt.Errorf("dlock: open %s: the driver for %q returned no driver and no error", addr, u.Scheme)
+	}
+	return New(d, append([]Option{WithStoreName(u.Scheme), withStoreAddr(addr)}, opts...)...), nil
 }
 
-func redact(u *url.URL) string { return u.Redacted() }
+// withStoreAddr sets the store's redacted URL, which names the store in
+// error messages (Open).
+func withStoreAddr(addr string) Option { return func(o *options) { o.storeAddr = addr } }
 
-// WithStoreName sets the store name used in error messages and as the
-// observer's store label. Open sets it to the URL scheme; New defaults to
+// WithStoreName sets the store name used as the observer's store label,
+// and in error messages of a Locker made by New (a Locker made by Open names
+// its store by URL there). Open sets it to the URL scheme; New defaults to
 // "store". It only has an effect on New and Open.
 func WithStoreName(name string) Option {
 	return func(o *options) { o.storeName = name }
@@ -202,6 +225,7 @@ func New(d driver.Driver, opts ...Option) *Locker {
 	return &Locker{
 		drv:         d,
 		store:       o.storeName,
+		addr:        cmp.Or(o.storeAddr, o.storeName),
 		opts:        o,
 		closeCtx:    ctx,
 		closeCancel: cancel,
@@ -438,7 +462,7 @@ func (l *Locker) opContext(ctx context.Context, o options) (context.Context, con
 }
 
 func (l *Locker) wrap(op, key string, err error) error {
-	return fmt.Errorf("dlock: %s %q on %s: %w", op, key, l.store, err)
+	return fmt.Errorf("dlock: %s %q on %s: %w", op, key, l.addr, err)
 }
 
 // classify turns a driver error into this package's errors: sentinels pass

@@ -49,7 +49,7 @@ func ExampleLocker_TryAcquire() {
 	fmt.Println(err)
 	// Output:
 	// true
-	// dlock: acquire "payout:2026-09" on mem: lock held
+	// dlock: acquire "payout:2026-09" on mem://example-try: lock held
 }
 
 // A fence only grows: the resource keeps the greatest it has seen and

@@ -1,0 +1,175 @@
+package dlock
+
+import (
+	"fmt"
+	"net/url"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/dlock-dev/dlock/driver"
+)
+
+// driverPackages names, for each URL scheme of the drivers in this module,
+// the package whose import registers it.
+var driverPackages = map[string]string{
+	"dlockd":     "github.com/dlock-dev/dlock/drivers/dlockddriver",
+	"redis":      "github.com/dlock-dev/dlock/drivers/redisdriver",
+	"rediss":     "github.com/dlock-dev/dlock/drivers/redisdriver",
+	"redlock":    "github.com/dlock-dev/dlock/drivers/redlockdriver",
+	"etcd":       "github.com/dlock-dev/dlock/drivers/etcddriver",
+	"zk":         "github.com/dlock-dev/dlock/drivers/zkdriver",
+	"postgres":   "github.com/dlock-dev/dlock/drivers/pgdriver",
+	"postgresql": "github.com/dlock-dev/dlock/drivers/pgdriver",
+	"pgadvisory": "github.com/dlock-dev/dlock/drivers/pgadvisory",
+	"mem":        "github.com/dlock-dev/dlock/drivers/memdriver",
+}
+
+// supportedSchemes returns the schemes of this module's drivers and of any
+// other registered driver, sorted.
+func supportedSchemes() []string {
+	out := driver.Schemes()
+	for s := range driverPackages {
+		out = append(out, s)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// parseStoreURL parses a store URL for Open. Every error matches
+// ErrInvalidArgument and says what to write instead: a missing scheme
+// suggests dlockd://, an unknown one lists the supported schemes, a port
+// outside 1..65535 is refused here rather than failing every call later as
+// an outage.
+func parseStoreURL(raw string) (*url.URL, error) {
+	s := strings.TrimSpace(raw)
+	if s == "" {
+		return nil, fmt.Errorf("%w: empty store URL (for example dlockd://127.0.0.1:7450; supported schemes: %s)",
+			ErrInvalidArgument, strings.Join(supportedSchemes(), ", "))
+	}
+	if !strings.Contains(s, "://") && looksLikeHost(s) {
+		return nil, fmt.Errorf("%w: store URL %q has no scheme: did you mean dlockd://%s? (supported schemes: %s)",
+			ErrInvalidArgument, redactRaw(s), redactRaw(s), strings.Join(supportedSchemes(), ", "))
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		if ue, ok := err.(*url.Error); ok {
+			err = ue.Err // its message repeats the URL, unredacted
+		}
+		return nil, fmt.Errorf("%w: store URL %q: %w", ErrInvalidArgument, redactRaw(s), err)
+	}
+	if u.Scheme == "" {
+		return nil, fmt.Errorf("%w: store URL %q has no scheme (write scheme://…, e.g. dlockd://127.0.0.1:7450; supported schemes: %s)",
+			ErrInvalidArgument, redactRaw(s), strings.Join(supportedSchemes(), ", "))
+	}
+	if err := checkPorts(u.Host); err != nil {
+		return nil, fmt.Errorf("%w: store URL %s: %w", ErrInvalidArgument, redactURL(u), err)
+	}
+	return u, nil
+}
+
+// looksLikeHost reports whether s, which has no "://", reads as a host or
+// host:port rather than a URL: no slash, no space, and either a port of
+// digits after the last colon, or no colon at all and a dot (an address or
+// domain name) or "localhost".
+func looksLikeHost(s string) bool {
+	if strings.ContainsAny(s, "/ \t?#@") {
+		return false
+	}
+	host, port := s, ""
+	if i := strings.LastIndexByte(s, ':'); i >= 0 && i > strings.LastIndexByte(s, ']') {
+		host, port = s[:i], s[i+1:]
+		if port == "" || strings.Trim(port, "0123456789") != "" {
+			return false
+		}
+	} else if strings.Contains(s, ":") && !strings.HasPrefix(s, "[") {
+		return false
+	}
+	if port != "" {
+		return host != ""
+	}
+	return strings.Contains(host, ".") || host == "localhost" || strings.HasPrefix(host, "[")
+}
+
+// checkPorts checks the port of every comma-separated host:port in host (a
+// URL's host part; Redlock, etcd and ZooKeeper URLs list several).
+func checkPorts(host string) error {
+	for _, h := range strings.Split(host, ",") {
+		i := strings.LastIndexByte(h, ':')
+		if i < 0 || i < strings.LastIndexByte(h, ']') {
+			continue
+		}
+		p := h[i+1:]
+		if p == "" {
+			continue // "host:" — the driver's default port
+		}
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("port %q of %q is not a number in 1..65535", p, h)
+		}
+	}
+	return nil
+}
+
+// noDriver explains a scheme no registered driver serves: the package to
+// import for a scheme of this module's drivers, the supported schemes for
+// any other, and dlockd:// for what reads as host:port ("localhost:7450"
+// parses as scheme "localhost").
+func noDriver(u *url.URL) error {
+	if pkg := driverPackages[u.Scheme]; pkg != "" {
+		return fmt.Errorf("%w: no driver registered for scheme %q: import _ %q (registered: %s)",
+			ErrInvalidArgument, u.Scheme, pkg, orNone(driver.Schemes()))
+	}
+	if u.Opaque != "" && strings.Trim(u.Opaque, "0123456789") == "" {
+		return fmt.Errorf("%w: store URL %q has no scheme: did you mean dlockd://%s:%s? (supported schemes: %s)",
+			ErrInvalidArgument, u.Scheme+":"+u.Opaque, u.Scheme, u.Opaque, strings.Join(supportedSchemes(), ", "))
+	}
+	return fmt.Errorf("%w: unknown store scheme %q (supported schemes: %s)",
+		ErrInvalidArgument, u.Scheme, strings.Join(supportedSchemes(), ", "))
+}
+
+func orNone(s []string) string {
+	if len(s) == 0 {
+		return "none"
+	}
+	return strings.Join(s, ", ")
+}
+
+// secretParam matches the names of query parameters whose values are
+// redacted in messages.
+var secretParam = regexp.MustCompile(`(?i)pass|pwd|secret|token|key$|credential`)
+
+// redactURL returns u as a string with its password and the values of
+// secret-looking query parameters (password=, token=, …) replaced by
+// "xxxxx".
+func redactURL(u *url.URL) string {
+	c := *u
+	if c.RawQuery != "" {
+		q := c.Query()
+		changed := false
+		for name, vals := range q {
+			if secretParam.MatchString(name) {
+				for i := range vals {
+					vals[i] = "xxxxx"
+				}
+				changed = true
+			}
+		}
+		if changed {
+			c.RawQuery = q.Encode()
+		}
+	}
+	return c.Redacted()
+}
+
+var (
+	rawUserinfo = regexp.MustCompile(`^([^:/?#]*://[^:/?#@]*):[^/?#@]*@`)
+	rawSecret   = regexp.MustCompile(`(?i)((?:^|[?&;])[^=&;]*(?:pass|pwd|secret|token|key|credential)[^=&;]*=)[^&;#]*`)
+)
+
+// redactRaw redacts a store URL that did not parse, as well as it can.
+func redactRaw(s string) string {
+	s = rawUserinfo.ReplaceAllString(s, "${1}:xxxxx@")
+	return rawSecret.ReplaceAllString(s, "${1}xxxxx")
+}
