@@ -55,7 +55,7 @@ and W2 cell runs for --duration.`,
 				return exit(ExitUsage, "%w", err)
 			}
 			if err != nil {
-				return storeErr(err)
+				return g.storeErr("bench", "", err)
 			}
 			if g.json() {
 				g.printJSON(rep)

@@ -9,13 +9,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
+	"net"
+	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/driver"
 	_ "github.com/dlock-dev/dlock/drivers/dlockddriver"  // dlockd://
 	_ "github.com/dlock-dev/dlock/drivers/etcddriver"    // etcd://
 	_ "github.com/dlock-dev/dlock/drivers/memdriver"     // mem:// (in-process only)
@@ -32,20 +35,23 @@ const (
 	ExitUsage       = 64 // EX_USAGE: bad flags or arguments
 	ExitUnavailable = 69 // EX_UNAVAILABLE: the store could not be reached; the command was not run
 	ExitLost        = 70 // EX_SOFTWARE: the lease was lost while the command ran; it was terminated
-	ExitHeld        = 75 // EX_TEMPFAIL: the key is held (or --wait-timeout passed); the command was not run
+	ExitHeld        = 75 // EX_TEMPFAIL: the key is held (or --wait-timeout passed); the command was not run (run --conflict-exit-code changes it)
 	ExitUnsupported = 78 // EX_CONFIG: the configured store cannot do this at all (status or list without an inspector, release --force without an override); retrying cannot help
 	ExitNotFound    = 127
 	ExitCannotRun   = 126
 )
 
-// DefaultStore is the store URL used when neither --store nor DLOCK_STORE
-// is set: the local dlockd.
+// DefaultStore is the store URL used when neither --store, DLOCK_STORE nor
+// the configuration file names one: the local dlockd.
 const DefaultStore = "dlockd://127.0.0.1:7450"
 
-// exitError carries an exit code through cobra.
+// exitError carries an exit code through cobra, with the stable short code
+// that -o json reports and the raw cause that --debug prints.
 type exitError struct {
-	code int
-	err  error
+	code   int
+	kind   string // "" : kindOf(code)
+	err    error  // the one-line message; nil when already reported
+	detail error  // the raw error behind a rewritten message, or nil
 }
 
 func (e *exitError) Error() string {
@@ -60,12 +66,64 @@ func exit(code int, format string, args ...any) error {
 	return &exitError{code: code, err: fmt.Errorf(format, args...)}
 }
 
+// Stable short codes of -o json errors, by exit status.
+const (
+	codeInvalid     = "invalid_argument" // 64
+	codeUnavailable = "unavailable"      // 69
+	codeLost        = "lost"             // 70
+	codeHeld        = "held"             // 75 (or --conflict-exit-code)
+	codeUnsupported = "unsupported"      // 78
+	codeNotHeld     = "not_held"         // 1: release --force of a free key
+	codeCannotRun   = "cannot_run"       // 126
+	codeNotFound    = "not_found"        // 127
+	codeInterrupted = "interrupted"      // 128+N: a wait ended by signal N
+	codeError       = "error"            // 1: anything else
+)
+
+func kindOf(code int) string {
+	switch {
+	case code == ExitUsage:
+		return codeInvalid
+	case code == ExitUnavailable:
+		return codeUnavailable
+	case code == ExitLost:
+		return codeLost
+	case code == ExitHeld:
+		return codeHeld
+	case code == ExitUnsupported:
+		return codeUnsupported
+	case code == ExitCannotRun:
+		return codeCannotRun
+	case code == ExitNotFound:
+		return codeNotFound
+	case code > 128:
+		return codeInterrupted
+	}
+	return codeError
+}
+
+// errorJSON is what a command that owns stdout prints there with -o json
+// when it fails.
+type errorJSON struct {
+	Error    string `json:"error"`
+	Code     string `json:"code"`
+	ExitCode int    `json:"exit_code"`
+	Detail   string `json:"detail,omitempty"`
+}
+
 type globals struct {
-	store  string
-	output string
-	stdout io.Writer
-	stderr io.Writer
-	stdin  io.Reader
+	store      string
+	output     string
+	token      string // carried; no store checks a token yet
+	configFile string
+	debug      bool
+	stdout     io.Writer
+	stderr     io.Writer
+	stdin      io.Reader
+	ownsStdout bool // false for run: stdout belongs to the command
+	// fromEnvOrFile holds the flags set from the environment or the
+	// configuration file (their Changed stays false).
+	fromEnvOrFile map[string]bool
 }
 
 func (g *globals) json() bool { return g.output == "json" }
@@ -78,25 +136,195 @@ func jsonTo(w io.Writer) *json.Encoder {
 	return enc
 }
 
+// storeURL returns the store URL parsed, or nil.
+func (g *globals) storeURL() *url.URL {
+	u, err := url.Parse(g.store)
+	if err != nil {
+		return nil
+	}
+	return u
+}
+
+// redactedStore returns the store URL without its password.
+func (g *globals) redactedStore() string {
+	if u := g.storeURL(); u != nil {
+		return u.Redacted()
+	}
+	return g.store
+}
+
+// storeAddr returns the store's address as host:port (host:port,... for
+// Redlock), with dlockd's defaults filled in, or the scheme when the URL
+// names no host.
+func (g *globals) storeAddr() string {
+	u := g.storeURL()
+	if u == nil {
+		return g.store
+	}
+	host := u.Host
+	if u.Scheme == "dlockd" {
+		h, p, err := net.SplitHostPort(host)
+		if err != nil {
+			h, p = host, "7450"
+		}
+		if h == "" {
+			h = "127.0.0.1"
+		}
+		host = net.JoinHostPort(h, p)
+	}
+	if host == "" {
+		return u.Scheme + " store"
+	}
+	return host
+}
+
+// storeProduct names the server behind the store's scheme, for hints.
+func (g *globals) storeProduct() string {
+	scheme := ""
+	if u := g.storeURL(); u != nil {
+		scheme = u.Scheme
+	}
+	switch scheme {
+	case "dlockd":
+		return "dlockd"
+	case "redis", "rediss":
+		return "Redis"
+	case "redlock":
+		return "every Redis node"
+	case "etcd":
+		return "etcd"
+	case "zk":
+		return "ZooKeeper"
+	case "postgres", "postgresql", "pgadvisory":
+		return "PostgreSQL"
+	}
+	return "the store"
+}
+
+// checkStore refuses, before any store is called, a store that is not a
+// URL, names no known scheme or a port outside 1-65535: exit 64, naming
+// what to write instead.
+func (g *globals) checkStore() error {
+	schemes := knownSchemes(driver.Schemes())
+	if !strings.Contains(g.store, "://") {
+		hint := ""
+		if _, _, err := net.SplitHostPort(g.store); err == nil {
+			hint = fmt.Sprintf("; did you mean --store dlockd://%s ?", g.store)
+		}
+		return exit(ExitUsage, "--store %q is not a store URL (SCHEME://HOST:PORT; schemes: %s)%s", g.store, schemes, hint)
+	}
+	u, err := url.Parse(g.store)
+	if err != nil {
+		return exit(ExitUsage, "--store %q is not a valid URL: %v", g.redactedStore(), errors.Unwrap(err))
+	}
+	if _, err := driver.Lookup(u.Scheme); err != nil {
+		return exit(ExitUsage, "--store %q: this dlock has no %q store (schemes: %s)", u.Redacted(), u.Scheme, schemes)
+	}
+	for _, hp := range strings.Split(u.Host, ",") {
+		_, p, err := net.SplitHostPort(hp)
+		if err != nil || p == "" {
+			continue // no port: the driver's default
+		}
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return exit(ExitUsage, "--store %q: port %q is not a TCP port (1-65535)", u.Redacted(), p)
+		}
+	}
+	return nil
+}
+
 // open opens the store: exit 69 when it cannot be reached, 64 when the URL
 // or configuration is wrong.
 func (g *globals) open(ctx context.Context, opts ...dlock.Option) (*dlock.Locker, error) {
+	if err := g.checkStore(); err != nil {
+		return nil, err
+	}
 	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	l, err := dlock.Open(octx, g.store, opts...)
 	if errors.Is(err, dlock.ErrUnavailable) {
-		return nil, exit(ExitUnavailable, "%w", err)
+		return nil, g.unavailable("open", "", err, 0)
 	}
 	if err != nil { // a bad URL or a configuration the driver refuses
-		return nil, exit(ExitUsage, "%w", err)
+		return nil, &exitError{code: ExitUsage, err: err}
 	}
 	return l, nil
+}
+
+// storeErr maps a store error of op on key to an exit code and a message:
+// 64 for input the store or library refused, 78 when the store cannot do
+// op, 69 when it could not be reached (with a hint), 1 otherwise.
+func (g *globals) storeErr(op, key string, err error) error {
+	switch {
+	case errors.Is(err, dlock.ErrInvalidArgument):
+		return &exitError{code: ExitUsage, err: err}
+	case errors.Is(err, dlock.ErrUnsupported):
+		return exit(ExitUnsupported, "%w (see the driver's docs for what each store can do)", err)
+	case errors.Is(err, dlock.ErrUnavailable):
+		return g.unavailable(op, key, err, 0)
+	}
+	return exit(1, "%w", err)
+}
+
+// unavailable is the one-line message of an unreachable store: the
+// operation, the key, the store's address, the cause in plain words and a
+// hint. The raw error is kept for --debug and -o json's "detail".
+func (g *globals) unavailable(op, key string, err error, retried time.Duration) error {
+	what := op
+	if key != "" {
+		what = fmt.Sprintf("%s %q", op, key)
+	}
+	addr := g.storeAddr()
+	after := ""
+	if retried > 0 {
+		after = fmt.Sprintf(", still after retrying for %v", retried)
+	}
+	msg := fmt.Errorf("%s: cannot reach the store at %s (%s%s); is %s running at %s? set --store or DLOCK_STORE",
+		what, addr, plainCause(err), after, g.storeProduct(), addr)
+	return &exitError{code: ExitUnavailable, err: msg, detail: err}
+}
+
+// plainCause says in plain words why a store could not be reached, from the
+// raw error's text (gRPC and driver dumps are not for the user).
+func plainCause(err error) string {
+	s := strings.ToLower(err.Error())
+	switch {
+	case strings.Contains(s, "connection refused"):
+		return "connection refused: nothing listens there"
+	case strings.Contains(s, "no such host"):
+		return "host name not found"
+	case strings.Contains(s, "shutting_down"), strings.Contains(s, "shutting down"):
+		return "the server is shutting down"
+	case strings.Contains(s, "not_leader"), strings.Contains(s, "no leader"), strings.Contains(s, "not the leader"):
+		return "the cluster has no leader yet"
+	case strings.Contains(s, "network is unreachable"), strings.Contains(s, "no route to host"):
+		return "network unreachable"
+	case strings.Contains(s, "connection reset"), strings.Contains(s, "broken pipe"), strings.Contains(s, "eof"):
+		return "the connection was closed"
+	case strings.Contains(s, "i/o timeout"), strings.Contains(s, "deadline"), strings.Contains(s, "timed out"), strings.Contains(s, "timeout"):
+		return "no answer in time"
+	case strings.Contains(s, "tls"), strings.Contains(s, "certificate"):
+		return "TLS handshake failed"
+	case strings.Contains(s, "auth"), strings.Contains(s, "password"):
+		return "authentication failed"
+	}
+	// The innermost error, without gRPC's prefix, kept short.
+	for e := errors.Unwrap(err); e != nil; e = errors.Unwrap(e) {
+		err = e
+	}
+	msg := err.Error()
+	if i := strings.LastIndex(msg, "desc = "); i >= 0 {
+		msg = msg[i+len("desc = "):]
+	}
+	if len(msg) > 160 {
+		msg = msg[:160] + "..."
+	}
+	return msg
 }
 
 // Main runs the dlock tool with args (without the program name) and returns
 // the process exit code.
 func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	g := &globals{stdout: stdout, stderr: stderr, stdin: stdin}
+	g := &globals{stdout: stdout, stderr: stderr, stdin: stdin, ownsStdout: true, fromEnvOrFile: map[string]bool{}}
 	root := newRoot(g)
 	root.SetArgs(args)
 	root.SetIn(stdin)
@@ -107,14 +335,49 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 		return ExitOK
 	}
 	var ee *exitError
-	if errors.As(err, &ee) {
-		if ee.err != nil {
-			printErr(stderr, ee.err)
+	if !errors.As(err, &ee) {
+		ee = &exitError{code: ExitUsage, err: err}
+		if strings.Contains(err.Error(), "flag") && runWithoutDash(args) {
+			ee.err = fmt.Errorf("%w (dlock run takes the command after --: dlock run [flags] KEY -- COMMAND [ARGS...])", err)
 		}
-		return ee.code
 	}
-	printErr(stderr, err)
-	return ExitUsage
+	if ee.err == nil {
+		return ee.code // already reported
+	}
+	printErr(stderr, ee.err)
+	if g.debug && ee.detail != nil {
+		fmt.Fprintf(stderr, "dlock: debug: %v\n", ee.detail)
+	}
+	if g.json() {
+		kind := ee.kind
+		if kind == "" {
+			kind = kindOf(ee.code)
+		}
+		obj := errorJSON{Error: strings.TrimPrefix(ee.err.Error(), "dlock: "), Code: kind, ExitCode: ee.code}
+		if ee.detail != nil {
+			obj.Detail = ee.detail.Error()
+		}
+		w := stdout
+		if !g.ownsStdout {
+			w = stderr
+		}
+		_ = jsonTo(w).Encode(obj)
+	}
+	return ee.code
+}
+
+// runWithoutDash reports whether args are a dlock run without "--".
+func runWithoutDash(args []string) bool {
+	isRun := false
+	for _, a := range args {
+		if a == "--" {
+			return false
+		}
+		if a == "run" {
+			isRun = true
+		}
+	}
+	return isRun
 }
 
 func printErr(w io.Writer, err error) {
@@ -131,24 +394,36 @@ func newRoot(g *globals) *cobra.Command {
 		Short: "Distributed locks with leases and fencing tokens",
 		Long: `dlock runs commands under a distributed lease and inspects lock stores.
 
-The store is a URL: --store, or the DLOCK_STORE environment variable, or
-` + DefaultStore + ` (a local dlockd). Schemes: dlockd, redis, redlock, etcd,
-zk, postgres, pgadvisory (and mem, which lives inside one process only).`,
+The store is a URL, SCHEME://HOST:PORT (default ` + DefaultStore + `, a
+local dlockd). Schemes: dlockd, redis, redlock, etcd, zk, postgres,
+pgadvisory (and mem, which lives inside one process only).
+
+` + configHelp + `
+
+With -o json, a command that fails prints {"error", "code", "exit_code"} on
+stdout (dlock run: where its report goes, see dlock run --help); code is
+one of invalid_argument (64), unavailable (69), lost (70), held (75),
+unsupported (78), not_held (1), cannot_run (126), not_found (127),
+interrupted (128+N), error (1).`,
 		Example: `  dlock run payout:2026-09 -- ./payout --month 2026-09
   dlock run --wait --wait-timeout 5m nightly-report -- ./report.sh
   dlock status payout:2026-09
   dlock list settle:
-  DLOCK_STORE=redis://127.0.0.1:6379 dlock run job -- echo hello`,
+  DLOCK_STORE=redis://127.0.0.1:6379 dlock run job -- echo hello
+  dlock --config /etc/dlock.yaml list`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	envStore := os.Getenv("DLOCK_STORE")
-	if envStore == "" {
-		envStore = DefaultStore
-	}
-	root.PersistentFlags().StringVar(&g.store, "store", envStore, "lock store URL (env DLOCK_STORE)")
-	root.PersistentFlags().StringVarP(&g.output, "output", "o", "text", `output format: "text" or "json"`)
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.store, "store", DefaultStore, "lock store URL (env DLOCK_STORE, file: store)")
+	pf.StringVarP(&g.output, "output", "o", "text", `output format: "text" or "json" (env DLOCK_OUTPUT, file: output)`)
+	pf.StringVar(&g.token, "token", "", "bearer token for the store (env DLOCK_TOKEN, file: token); carried, not yet checked by any store")
+	pf.StringVar(&g.configFile, "config", "", "configuration file (env DLOCK_CONFIG; default ~/.config/dlock/config.yaml)")
+	pf.BoolVar(&g.debug, "debug", false, "print the raw store errors, and with run how the command is supervised, to stderr")
 	root.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
+		if err := applyConfig(cmd, g); err != nil {
+			return err
+		}
 		if g.output != "text" && g.output != "json" {
 			return exit(ExitUsage, "--output must be text or json, not %q", g.output)
 		}

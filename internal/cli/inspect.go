@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/spf13/cobra"
 
@@ -33,6 +35,16 @@ func toJSON(h dlock.HolderInfo) holderJSON {
 	return out
 }
 
+// quoteIfControl returns s as it is, or Go-quoted ("a\nb") when it holds a
+// control character or is not valid UTF-8, so that a key or holder cannot
+// break a table or a terminal.
+func quoteIfControl(s string) string {
+	if strings.IndexFunc(s, func(r rune) bool { return unicode.IsControl(r) || r == unicode.ReplacementChar }) >= 0 {
+		return strconv.Quote(s)
+	}
+	return s
+}
+
 func waitersText(n int) string {
 	if n < 0 {
 		return "-"
@@ -48,11 +60,18 @@ func newStatusCmd(g *globals) *cobra.Command {
 the time left before the store expires it, and the queued waiters where the
 store keeps a queue ("-" where it does not). A free key prints "free".
 
-Exit status: 0 (held or free), 69 when the store could not be reached, 78
-when the store cannot inspect (Redlock).`,
+A key or holder with control characters (a newline, an escape) is printed
+quoted, as "a\nb". dlockd's lock-delay (a key kept from new holders for a
+moment after a lost grant) is not reported by the store: such a key shows
+as free although an acquisition still waits.
+
+Exit status: 0 (held or free), 64 for an invalid key, 69 when the store
+could not be reached, 78 when the store cannot inspect (Redlock). With -o
+json an error is {"error", "code", "exit_code"} on stdout.`,
 		Example: `  dlock status payout:2026-09
   dlock status -o json settle:{m00042}:2026-09-30`,
-		Args: cobra.ExactArgs(1),
+		Args:              exactArgs(1, "dlock status KEY"),
+		ValidArgsFunction: completeKeys(g, 0),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			l, err := g.open(cmd.Context())
 			if err != nil {
@@ -65,18 +84,18 @@ when the store cannot inspect (Redlock).`,
 				if g.json() {
 					g.printJSON(holderJSON{Key: args[0]})
 				} else {
-					fmt.Fprintf(g.stdout, "%s: free\n", args[0])
+					fmt.Fprintf(g.stdout, "%s: free\n", quoteIfControl(args[0]))
 				}
 				return nil
 			case err != nil:
-				return storeErr(err)
+				return g.storeErr("status", args[0], err)
 			}
 			if g.json() {
 				g.printJSON(toJSON(info))
 				return nil
 			}
 			fmt.Fprintf(g.stdout, "key:      %s\nheld by:  %s\nfence:    %d\nttl:      %v\nleft:     %v\nwaiters:  %s\n",
-				info.Key, info.Holder, info.Fence, info.TTL, info.Remaining.Round(time.Millisecond), waitersText(info.Waiters))
+				quoteIfControl(info.Key), quoteIfControl(info.Holder), info.Fence, info.TTL, info.Remaining.Round(time.Millisecond), waitersText(info.Waiters))
 			return nil
 		},
 	}
@@ -89,11 +108,20 @@ func newListCmd(g *globals) *cobra.Command {
 		Long: `List shows the held keys that start with PREFIX (all held keys without
 one), sorted by key, with their fence, time left, waiters and holder.
 
+A key or holder with control characters (a newline, an escape) is printed
+quoted, as "a\nb", so that one row stays one line.
+
 Exit status: 0, 69 when the store could not be reached, 78 when the store
-cannot list (Redlock).`,
+cannot list (Redlock). With -o json an error is {"error", "code",
+"exit_code"} on stdout.`,
 		Example: `  dlock list
   dlock list settle: -o json`,
-		Args: cobra.MaximumNArgs(1),
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 1 {
+				return exit(ExitUsage, "usage: dlock list [PREFIX] (one prefix, got %d arguments)", len(args))
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			prefix := ""
 			if len(args) == 1 {
@@ -106,7 +134,7 @@ cannot list (Redlock).`,
 			defer l.Close()
 			infos, err := l.List(cmd.Context(), prefix)
 			if err != nil {
-				return storeErr(err)
+				return g.storeErr("list", prefix, err)
 			}
 			if g.json() {
 				out := make([]holderJSON, 0, len(infos))
@@ -119,7 +147,7 @@ cannot list (Redlock).`,
 			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "KEY\tFENCE\tLEFT\tWAITERS\tHOLDER")
 			for _, h := range infos {
-				fmt.Fprintf(tw, "%s\t%d\t%v\t%s\t%s\n", h.Key, h.Fence, h.Remaining.Round(time.Millisecond), waitersText(h.Waiters), h.Holder)
+				fmt.Fprintf(tw, "%s\t%d\t%v\t%s\t%s\n", quoteIfControl(h.Key), h.Fence, h.Remaining.Round(time.Millisecond), waitersText(h.Waiters), quoteIfControl(h.Holder))
 			}
 			return tw.Flush()
 		},
@@ -142,17 +170,19 @@ run exits 70) and the next waiter is granted.
 Exit status:
   0    the grant was removed
   1    KEY is not held
-  64   bad flags or arguments (--force or --reason missing)
+  64   bad flags or arguments (--force or --reason missing, a reason the
+       store refuses)
   69   the store could not be reached
   78   the store has no force release: only dlockd, Redis and mem have one
        (etcd, ZooKeeper, PostgreSQL and Redlock do not); wait out the TTL`,
-		Example: `  dlock release --force payout:2026-09 --reason "pod payout-7 evicted, node lost"`,
-		Args:    cobra.ExactArgs(1),
+		Example:           `  dlock release --force payout:2026-09 --reason "pod payout-7 evicted, node lost"`,
+		Args:              exactArgs(1, "dlock release --force KEY --reason TEXT"),
+		ValidArgsFunction: completeKeys(g, 0),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if !force {
 				return exit(ExitUsage, "release needs --force: a holder releases its own lease by ending; this removes someone else's grant")
 			}
-			if reason == "" {
+			if strings.TrimSpace(reason) == "" {
 				return exit(ExitUsage, "release --force needs --reason TEXT (it is logged)")
 			}
 			l, err := g.open(cmd.Context())
@@ -162,16 +192,16 @@ Exit status:
 			defer l.Close()
 			info, err := l.ForceRelease(cmd.Context(), args[0], reason)
 			if errors.Is(err, dlock.ErrNotAcquired) {
-				return exit(1, "%s is not held", args[0])
+				return &exitError{code: 1, kind: codeNotHeld, err: fmt.Errorf("%s is not held", quoteIfControl(args[0]))}
 			}
 			if err != nil {
-				return storeErr(err)
+				return g.storeErr("release --force", args[0], err)
 			}
 			if g.json() {
 				g.printJSON(toJSON(info))
 				return nil
 			}
-			fmt.Fprintf(g.stdout, "released %s (fence %d, held by %s)\n", args[0], info.Fence, info.Holder)
+			fmt.Fprintf(g.stdout, "released %s (fence %d, held by %s)\n", quoteIfControl(args[0]), info.Fence, quoteIfControl(info.Holder))
 			return nil
 		},
 	}
@@ -187,16 +217,28 @@ func newFenceCmd(g *globals) *cobra.Command {
 		Short: "Check whether FENCE is the current grant of KEY",
 		Long: `Check answers whether FENCE is the fence of KEY's current grant (Chubby's
 sequencer check), for resources that cannot store a fence themselves. Exit
-status 0 and "current" when it is; 1 and "not current" when the key is free
-or held under another fence. This is the weaker check: the answer can change the
+status 0 and "current" when it is; 1 and "not current (current fence N)"
+when the key is held under another fence, 1 and "not current (the key is
+free)" when nobody holds it. Inside dlock run, pass "$DLOCK_FENCE". This is the weaker check: the answer can change the
 moment after it is given, so a resource that can store the greatest fence it
 has seen (package dlock/fence) should do that instead.`,
 		Example: `  dlock fence check payout:2026-09 "$DLOCK_FENCE" && ./write-result`,
-		Args:    cobra.ExactArgs(2),
+		Args: func(cmd *cobra.Command, args []string) error {
+			switch len(args) {
+			case 2:
+				return nil
+			case 1:
+				return exit(ExitUsage, "fence check needs the fence to check: dlock fence check %s FENCE; inside dlock run it is \"$DLOCK_FENCE\"", args[0])
+			}
+			return exit(ExitUsage, "usage: dlock fence check KEY FENCE (inside dlock run: dlock fence check \"$DLOCK_KEY\" \"$DLOCK_FENCE\")")
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if args[1] == "" {
+				return exit(ExitUsage, "FENCE is empty: is DLOCK_FENCE set? it is, inside dlock run (dlock run KEY -- sh -c 'dlock fence check KEY \"$DLOCK_FENCE\"')")
+			}
 			f, err := strconv.ParseUint(args[1], 10, 64)
 			if err != nil || f == 0 {
-				return exit(ExitUsage, "FENCE must be a positive integer, not %q", args[1])
+				return exit(ExitUsage, "FENCE must be a positive integer (the DLOCK_FENCE of a dlock run), not %q", args[1])
 			}
 			l, err := g.open(cmd.Context())
 			if err != nil {
@@ -205,18 +247,26 @@ has seen (package dlock/fence) should do that instead.`,
 			defer l.Close()
 			info, err := l.Inspect(cmd.Context(), args[0])
 			if err != nil && !errors.Is(err, dlock.ErrNotAcquired) {
-				return storeErr(err)
+				return g.storeErr("fence check", args[0], err)
 			}
-			current := err == nil && info.Fence == f
-			if g.json() {
-				g.printJSON(map[string]any{"key": args[0], "fence": f, "current": current, "current_fence": info.Fence})
-			} else if current {
+			free := err != nil
+			current := !free && info.Fence == f
+			switch {
+			case g.json():
+				out := map[string]any{"key": args[0], "fence": f, "current": current, "free": free}
+				if !free {
+					out["current_fence"] = info.Fence
+				}
+				g.printJSON(out)
+			case current:
 				fmt.Fprintln(g.stdout, "current")
-			} else {
-				fmt.Fprintf(g.stdout, "not current (current fence %d; 0: the key is free)\n", info.Fence)
+			case free:
+				fmt.Fprintln(g.stdout, "not current (the key is free)")
+			default:
+				fmt.Fprintf(g.stdout, "not current (current fence %d)\n", info.Fence)
 			}
 			if !current {
-				return &exitError{code: 1}
+				return &exitError{code: 1} // the answer, not an error: no JSON error object
 			}
 			return nil
 		},
@@ -224,16 +274,12 @@ has seen (package dlock/fence) should do that instead.`,
 	return fence
 }
 
-// storeErr maps a store error to an exit code: 69 when unreachable, 78 when
-// the store cannot do the operation, 64 for an invalid key, 1 otherwise.
-func storeErr(err error) error {
-	switch {
-	case errors.Is(err, dlock.ErrUnavailable):
-		return exit(ExitUnavailable, "%w", err)
-	case errors.Is(err, dlock.ErrUnsupported):
-		return exit(ExitUnsupported, "%w (see the driver's docs for what each store can do)", err)
-	case errors.Is(err, dlock.ErrInvalidKey):
-		return exit(ExitUsage, "%w", err)
+// exactArgs is cobra.ExactArgs with a usage line and exit 64.
+func exactArgs(n int, usage string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != n {
+			return exit(ExitUsage, "usage: %s (got %d arguments)", usage, len(args))
+		}
+		return nil
 	}
-	return exit(1, "%w", err)
 }

@@ -2,11 +2,15 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"math/rand/v2"
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -17,40 +21,81 @@ import (
 	"github.com/dlock-dev/dlock/internal/supervise"
 )
 
+// Bounds of run's numeric flags.
+const (
+	// MaxPermits bounds --permits: each attempt may try every slot.
+	MaxPermits = 1024
+	// DefaultRetryFor is --retry-for's default: how long an acquisition
+	// without --wait retries a store that cannot be reached.
+	DefaultRetryFor = 5 * time.Second
+)
+
 type runFlags struct {
-	ttl         time.Duration
-	wait        bool
-	waitTimeout time.Duration
-	grace       time.Duration
-	failOpen    bool
-	holder      string
-	cgroup      string
-	debug       bool
+	ttl          time.Duration
+	wait         bool
+	waitTimeout  time.Duration
+	retryFor     time.Duration
+	grace        time.Duration
+	failOpen     bool
+	holder       string
+	cgroup       string
+	permits      int
+	conflictCode int
+	shell        string
+	report       string
 }
 
-// runResult is what --output json prints to stderr when the command ends
-// (stdout belongs to the command).
+// runResult is dlock run's JSON report (-o json or --report): one line,
+// written when dlock run ends, to --report or else to stderr (stdout
+// belongs to the command).
 type runResult struct {
 	Key      string `json:"key"`
 	Store    string `json:"store"`
-	Result   string `json:"result"` // ran, held, unavailable, lost, fail_open
+	Result   string `json:"result"` // ran, held, unavailable, invalid, lost, fail_open, interrupted, not_started
+	Code     string `json:"code,omitempty"`
 	Fence    uint64 `json:"fence,omitempty"`
+	Permit   *int   `json:"permit,omitempty"`
+	SlotKey  string `json:"permit_key,omitempty"`
 	ExitCode int    `json:"exit_code"`
 	Error    string `json:"error,omitempty"`
+	// ReleaseError is set when the final release failed (the store could
+	// not be reached); HeldForSeconds is then how long the key may stay
+	// held, at most, until the store expires it.
+	ReleaseError   string  `json:"release_error,omitempty"`
+	HeldForSeconds float64 `json:"held_for_seconds,omitempty"`
 }
+
+// PermitKey returns the key of slot i of the semaphore KEY that --permits
+// uses: "KEY/permit-I", I from 0 to N-1.
+func PermitKey(key string, i int) string { return key + "/permit-" + strconv.Itoa(i) }
 
 func newRunCmd(g *globals) *cobra.Command {
 	f := &runFlags{}
 	cmd := &cobra.Command{
-		Use:   "run [flags] KEY -- COMMAND [ARGS...]",
+		Use:   "run [flags] KEY -- COMMAND [ARGS...]  |  run [flags] -c 'SHELL COMMAND' KEY",
 		Short: "Run a command under a lease on KEY",
 		Long: `Run acquires a lease on KEY, runs COMMAND while renewing the lease, and
-releases it when COMMAND ends.
+releases it when COMMAND ends. The command follows --; with -c (--shell) it
+is one string run by sh -c instead.
 
 The command runs in its own process group with stdin, stdout and stderr
 passed through, SIGINT, SIGTERM and SIGHUP forwarded to that group, and
 DLOCK_KEY, DLOCK_FENCE and DLOCK_STORE in its environment (pass DLOCK_FENCE
 to the resource you write).
+
+Waiting: without --wait, a held KEY exits 75 (--conflict-exit-code) at
+once, naming its holder where the store can tell. --wait waits for it;
+--wait-timeout D waits at most D (and implies --wait, as flock -w does).
+A store that cannot be reached, or is restarting or electing a leader, is
+retried: without --wait for --retry-for (default 5s), with --wait until
+--wait-timeout (for ever without one, unless --retry-for is given); only
+then does run exit 69.
+
+Semaphore: --permits N lets up to N holders run at once. KEY then names N
+slots, the keys KEY/permit-0 ... KEY/permit-(N-1); run tries them in random
+order and takes a free one (with --wait it retries with jittered backoff).
+DLOCK_FENCE is that slot's fence, DLOCK_PERMIT its index and
+DLOCK_PERMIT_KEY its key. Every user of KEY must give the same N.
 
 Nothing the command starts outlives the lease. dlock runs it under a
 supervisor (dlock's own binary, re-executed) that owns the command's process
@@ -71,116 +116,240 @@ cgroup; and, without a cgroup, daemons re-parented elsewhere if the
 supervisor itself is SIGKILLed. --debug says which mode ran; --cgroup off
 skips the cgroup.
 
+A release that fails when the command ends (the store is down) is not an
+error of the command: dlock run prints a warning with the key, the fence
+and how long the key stays held (until the store expires it, at most its
+TTL) and exits with the command's own status. A lease lost while the
+command ran is different: exit 70.
+
+Report: with -o json, or --report, dlock run writes one JSON line when it
+ends: {"key", "store", "result", "code", "fence", "permit", "exit_code",
+"error", "release_error", "held_for_seconds"}. It goes to --report (a file
+path, or fd:N for an open descriptor), else to stderr, after everything the
+command wrote; stdout is the command's alone.
+
 Exit status:
-  the command's own   the command ran and ended (128+N if killed by signal N)
+  the command's own   the command ran and ended (128+N if killed by signal N),
+                      also when the final release failed (with a warning)
   75                  KEY is held (without --wait), or --wait-timeout passed; not run
+                      (--conflict-exit-code N changes it)
   70                  the lease was lost (or its validity passed unrenewed) while the
                       command ran: everything it started got SIGTERM at once and
                       SIGKILL after --grace
-  69                  the store could not be reached; not run (unless --fail-open)
-  64                  bad flags or arguments
-  126, 127            the command could not be started, or was not found`,
+  69                  the store could not be reached (after --retry-for); not run
+                      (unless --fail-open)
+  64                  bad flags or arguments, or input the store refused (key,
+                      TTL, holder, store URL); never run, even with --fail-open
+  126, 127            the command could not be started, or was not found
+  128+N               a wait ended by signal N`,
 		Example: `  # a cron job on six machines that must run once
   dlock run payout:2026-09 -- ./payout --month 2026-09
 
   # wait up to five minutes for the previous run to finish
-  dlock run --wait --wait-timeout 5m --ttl 1m nightly-report -- ./report.sh
+  dlock run --wait-timeout 5m --ttl 1m nightly-report -- ./report.sh
+
+  # at most 3 concurrent backups; exit 0 quietly when all 3 run (flock -E 0)
+  dlock run --permits 3 --conflict-exit-code 0 backups -c 'pg_dump db > /backup/db.sql'
+
+  # a JSON report for the scheduler, away from the job's output
+  dlock run -o json --report /var/log/job.json job -- ./job.sh
 
   # an efficiency lock: run even when the store is down
   dlock run --fail-open cache-warmup -- ./warm.sh`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			dash := cmd.ArgsLenAtDash()
-			if dash != 1 || len(args) < 2 {
+			switch {
+			case f.shell != "" && (dash >= 0 && len(args) > dash || len(args) > 1):
+				return exit(ExitUsage, "give the command either with -c or after --, not both")
+			case f.shell != "" && len(args) != 1:
+				return exit(ExitUsage, "usage: dlock run [flags] -c 'SHELL COMMAND' KEY")
+			case f.shell != "":
+				return nil
+			case dash < 0 && len(args) >= 2:
+				return exit(ExitUsage, "missing -- between KEY and the command: dlock run [flags] %s -- %s", args[0], strings.Join(args[1:], " "))
+			case dash < 0 && len(args) == 1:
+				return exit(ExitUsage, "no command to run: dlock run [flags] %s -- COMMAND [ARGS...] (or -c 'SHELL COMMAND')", args[0])
+			case dash != 1 || len(args) < 2:
 				return exit(ExitUsage, "usage: dlock run [flags] KEY -- COMMAND [ARGS...]")
 			}
 			return nil
 		},
+		ValidArgsFunction: completeKeys(g, 0),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runUnderLease(cmd.Context(), g, f, args[0], args[1:])
+			g.ownsStdout = false
+			if cmd.Flags().Changed("wait-timeout") {
+				f.wait = true // --wait-timeout implies --wait, as flock -w
+			}
+			argv := args[1:]
+			if f.shell != "" {
+				argv = []string{"/bin/sh", "-c", f.shell}
+			}
+			retrySet := cmd.Flags().Changed("retry-for") || g.fromEnvOrFile["retry-for"]
+			return runUnderLease(cmd.Context(), g, f, retrySet, args[0], argv)
 		},
 	}
 	fl := cmd.Flags()
-	fl.DurationVar(&f.ttl, "ttl", 30*time.Second, "lease TTL; renewed every TTL/3 while the command runs")
+	fl.SetInterspersed(true)
+	fl.DurationVar(&f.ttl, "ttl", 30*time.Second, "lease TTL; renewed every TTL/3 while the command runs (env DLOCK_TTL, file: ttl)")
 	fl.BoolVar(&f.wait, "wait", false, "wait for KEY instead of exiting 75 when it is held")
-	fl.DurationVar(&f.waitTimeout, "wait-timeout", 0, "with --wait, give up after this long and exit 75 (0: wait forever)")
+	fl.DurationVar(&f.waitTimeout, "wait-timeout", 0, "wait at most this long, then exit 75; implies --wait (0: wait for ever)")
+	fl.DurationVar(&f.retryFor, "retry-for", DefaultRetryFor, "retry a store that cannot be reached (down, restarting, electing a leader) this long before exiting 69 (env DLOCK_RETRY_FOR, file: retry_for); with --wait the default is the whole wait")
 	fl.DurationVar(&f.grace, "grace", 10*time.Second, "when the command is terminated (lost lease, dlock's death), time between SIGTERM and SIGKILL")
-	fl.BoolVar(&f.failOpen, "fail-open", false, "run the command without a lease when the store cannot be reached (efficiency locks only)")
+	fl.BoolVar(&f.failOpen, "fail-open", false, "run the command without a lease when the store cannot be reached (efficiency locks only; never for invalid input)")
 	fl.StringVar(&f.cgroup, "cgroup", "auto", `"auto": put the command in a cgroup v2 of its own when the cgroup hierarchy is writable; "off": process group and subreaper only`)
-	fl.BoolVar(&f.debug, "debug", false, "print how the command is supervised (cgroup or not) and what the supervisor does, to stderr")
+	fl.IntVar(&f.permits, "permits", 0, fmt.Sprintf("semaphore: let up to N holders of KEY run at once, on the slot keys KEY/permit-0..N-1 (1-%d; 0: a plain lock)", MaxPermits))
+	fl.IntVar(&f.conflictCode, "conflict-exit-code", ExitHeld, "exit status when KEY is held or --wait-timeout passed (0-255; flock -E)")
+	fl.StringVarP(&f.shell, "shell", "c", "", "run this command string with sh -c instead of the command after --")
+	fl.StringVar(&f.report, "report", "", `write the JSON report here: a file path, or "fd:N" for an open file descriptor (implies the report; default with -o json: stderr)`)
 	hostname, _ := os.Hostname()
-	fl.StringVar(&f.holder, "holder", fmt.Sprintf("%s pid %d", hostname, os.Getpid()), "holder description stored with the grant")
+	fl.StringVar(&f.holder, "holder", fmt.Sprintf("%s pid %d", hostname, os.Getpid()), fmt.Sprintf("holder description stored with the grant, at most %d bytes, no control characters (env DLOCK_HOLDER, file: holder)", dlock.MaxHolderBytes))
 	return cmd
 }
 
-func runUnderLease(ctx context.Context, g *globals, f *runFlags, key string, argv []string) error {
-	res := runResult{Key: key, Store: g.store}
+// openReport opens --report: a path (created or truncated) or fd:N.
+func openReport(spec string) (io.WriteCloser, error) {
+	if v, ok := strings.CutPrefix(spec, "fd:"); ok {
+		fd, err := strconv.Atoi(v)
+		if err != nil || fd < 0 {
+			return nil, fmt.Errorf("--report %q: want fd:N with N a file descriptor number", spec)
+		}
+		if err := syscall.Fstat(fd, new(syscall.Stat_t)); err != nil { // not open
+			return nil, fmt.Errorf("--report %q: file descriptor %d is not open", spec, fd)
+		}
+		return os.NewFile(uintptr(fd), "fd:"+v), nil
+	}
+	w, err := os.OpenFile(spec, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("--report: %w", err)
+	}
+	return w, nil
+}
+
+func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, key string, argv []string) error {
+	res := runResult{Key: key, Store: g.redactedStore()}
+	var reportTo io.Writer
+	if g.json() {
+		reportTo = g.stderr
+	}
+	if f.report != "" {
+		w, err := openReport(f.report)
+		if err != nil {
+			return &exitError{code: ExitUsage, err: err}
+		}
+		defer w.Close()
+		reportTo = w
+	}
+	heldCode := f.conflictCode
 	report := func(code int, result string, err error) error {
 		res.ExitCode, res.Result = code, result
-		if err != nil {
-			res.Error = err.Error()
+		if code != 0 || err != nil {
+			res.Code = kindOf(code)
+			if code == heldCode && result == "held" {
+				res.Code = codeHeld
+			}
 		}
-		if g.json() {
-			_ = jsonTo(g.stderr).Encode(res)
-			err = nil // the JSON says it
+		if err != nil {
+			res.Error = strings.TrimPrefix(err.Error(), "dlock: ")
+		}
+		if reportTo != nil {
+			b, _ := json.Marshal(res)
+			_, _ = reportTo.Write(append(b, '\n'))
+		}
+		if err != nil {
+			printErr(g.stderr, err)
+			var ee *exitError
+			if g.debug && errors.As(err, &ee) && ee.detail != nil {
+				fmt.Fprintf(g.stderr, "dlock: debug: %v\n", ee.detail)
+			}
 		}
 		if code == 0 {
 			return nil
 		}
-		return &exitError{code: code, err: err}
+		return &exitError{code: code} // reported above
 	}
-	if err := dlock.ValidateKey(key); err != nil {
+	invalid := func(err error) error {
+		var ee *exitError
+		if errors.As(err, &ee) && ee.err != nil {
+			err = ee.err
+		}
 		return report(ExitUsage, "invalid", err)
+	}
+	// Everything that can be checked before the store is, and is exit 64:
+	// never --fail-open.
+	if err := dlock.ValidateKey(key); err != nil {
+		return invalid(err)
 	}
 	if err := dlock.ValidateTTL(f.ttl); err != nil {
-		return report(ExitUsage, "invalid", err)
+		return invalid(fmt.Errorf("--ttl: %w", err))
+	}
+	if err := dlock.ValidateHolder(f.holder); err != nil {
+		return invalid(fmt.Errorf("--holder: %w", err))
+	}
+	switch {
+	case f.grace < 0 || f.waitTimeout < 0 || f.retryFor < 0:
+		return invalid(fmt.Errorf("--grace, --wait-timeout and --retry-for must not be negative"))
+	case f.cgroup != "auto" && f.cgroup != "off":
+		return invalid(fmt.Errorf("--cgroup must be auto or off, not %q", f.cgroup))
+	case f.permits < 0 || f.permits > MaxPermits:
+		return invalid(fmt.Errorf("--permits must be 0 (a plain lock) to %d, not %d", MaxPermits, f.permits))
+	case f.conflictCode < 0 || f.conflictCode > 255:
+		return invalid(fmt.Errorf("--conflict-exit-code must be 0 to 255, not %d", f.conflictCode))
+	}
+	if f.permits > 0 {
+		if err := dlock.ValidateKey(PermitKey(key, f.permits-1)); err != nil {
+			return invalid(fmt.Errorf("--permits: the slot key %q: %w", PermitKey(key, f.permits-1), err))
+		}
+	}
+	if err := g.checkStore(); err != nil {
+		return invalid(err)
 	}
 
 	opts := []dlock.Option{dlock.WithTTL(f.ttl), dlock.WithHolder(f.holder), dlock.WithKeyClass("cli")}
 	if f.failOpen {
 		opts = append(opts, dlock.WithFailOpen())
 	}
-	if f.grace < 0 || f.waitTimeout < 0 {
-		return report(ExitUsage, "invalid", fmt.Errorf("--grace and --wait-timeout must not be negative"))
-	}
-	if f.cgroup != "auto" && f.cgroup != "off" {
-		return report(ExitUsage, "invalid", fmt.Errorf("--cgroup must be auto or off, not %q", f.cgroup))
+	// How long a store that cannot be reached is retried: --retry-for
+	// without --wait; with --wait the whole wait unless --retry-for is given.
+	retried := f.retryFor
+	if !f.wait || retrySet {
+		opts = append(opts, dlock.WithRetryFor(f.retryFor))
+	} else if retried = f.waitTimeout; retried == 0 {
+		retried = -1 // until the wait ends
 	}
 	// The supervisor learns of every renewal at once: it terminates the
 	// command when the validity deadline passes unrenewed.
 	renewed := &renewObserver{}
 	opts = append(opts, dlock.WithObserver(renewed))
-	locker, err := g.open(ctx)
+	locker, err := g.openRetrying(ctx, retried)
 	var lease *dlock.Lease
+	permit := -1
 	var ee *exitError
 	switch {
 	case err != nil && f.failOpen && errors.As(err, &ee) && ee.code == ExitUnavailable:
 		fmt.Fprintf(g.stderr, "dlock: store unreachable, running %q WITHOUT a lock (--fail-open): %v\n", key, err)
 	case err != nil && errors.As(err, &ee) && ee.code == ExitUsage:
-		return report(ExitUsage, "invalid", ee.err)
+		return invalid(ee.err)
 	case err != nil:
 		return report(ExitUnavailable, "unavailable", err)
 	default:
 		defer locker.Close()
-		lease, err = acquire(ctx, locker, f, key, opts)
+		lease, permit, err = acquire(ctx, locker, f, key, opts)
 		switch {
 		case err == nil && lease.Degraded():
 			fmt.Fprintf(g.stderr, "dlock: store unavailable, running %q WITHOUT a lock (--fail-open)\n", key)
 		case err == nil:
+		case errors.Is(err, dlock.ErrInvalidArgument):
+			return invalid(err)
 		case errors.As(err, new(interrupted)):
 			var intr interrupted
 			errors.As(err, &intr)
 			return report(128+int(intr.sig), "interrupted", err)
-		case errors.Is(err, dlock.ErrNotAcquired), errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
-			if errors.Is(err, context.DeadlineExceeded) {
-				err = fmt.Errorf("%s still held after --wait-timeout %v: %w", key, f.waitTimeout, err)
-			}
-			return report(ExitHeld, "held", err)
+		case errors.Is(err, dlock.ErrNotAcquired), errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil && !errors.Is(err, dlock.ErrUnavailable):
+			return report(heldCode, "held", heldMessage(ctx, g, locker, f, key, err))
 		case errors.Is(err, dlock.ErrUnavailable):
-			return report(ExitUnavailable, "unavailable", err)
-		case errors.Is(err, dlock.ErrInvalidKey), errors.Is(err, dlock.ErrInvalidTTL):
-			return report(ExitUsage, "invalid", err)
+			return report(ExitUnavailable, "unavailable", g.unavailable("acquire", key, err, retried))
 		default:
-			return report(ExitHeld, "held", err) // interrupted while waiting
+			return report(heldCode, "held", err) // interrupted while waiting
 		}
 	}
 
@@ -188,6 +357,15 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, key string, arg
 	if lease != nil {
 		res.Fence = lease.Fence()
 		env = append(env, "DLOCK_FENCE="+strconv.FormatUint(lease.Fence(), 10))
+	}
+	if permit >= 0 {
+		p := permit
+		res.Permit, res.SlotKey = &p, PermitKey(key, permit)
+		env = append(env, "DLOCK_PERMIT="+strconv.Itoa(permit), "DLOCK_PERMIT_KEY="+PermitKey(key, permit))
+	}
+	leaseKey := key
+	if permit >= 0 {
+		leaseKey = PermitKey(key, permit)
 	}
 	// Forward SIGINT, SIGTERM and SIGHUP to the command's group; dlock
 	// itself keeps running until the command ends, then releases.
@@ -200,7 +378,7 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, key string, arg
 		Grace: f.grace, Cgroup: f.cgroup == "auto", NoCgroupReason: "--cgroup off",
 		Warnf: func(format string, args ...any) { fmt.Fprintf(g.stderr, "dlock: "+format+"\n", args...) },
 	}
-	if f.debug {
+	if g.debug {
 		cfg.Debugf = func(format string, args ...any) { fmt.Fprintf(g.stderr, "dlock: debug: "+format+"\n", args...) }
 	}
 	var leaseDone <-chan struct{}
@@ -210,7 +388,7 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, key string, arg
 	}
 	job, err := supervise.Start(cfg)
 	if err != nil {
-		releaseLease(lease)
+		_ = releaseLease(lease)
 		code := ExitCannotRun
 		var se *supervise.StartError
 		if errors.As(err, &se) {
@@ -230,35 +408,81 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, key string, arg
 			job.Signal(sig.(syscall.Signal))
 		case <-leaseDone:
 			lostErr := lease.Err()
-			fmt.Fprintf(g.stderr, "dlock: lease on %q lost while the command ran; sending SIGTERM to everything it started (SIGKILL after %v)\n", key, f.grace)
+			fmt.Fprintf(g.stderr, "dlock: lease on %q lost while the command ran; sending SIGTERM to everything it started (SIGKILL after %v)\n", leaseKey, f.grace)
 			job.Terminate()
 			<-job.Done()
-			releaseLease(lease)
+			_ = releaseLease(lease)
 			return report(ExitLost, "lost", lostErr)
 		case <-job.Done():
 			r := job.Result()
+			var left time.Duration
+			if lease != nil {
+				left = time.Until(lease.Deadline())
+			}
 			relErr := releaseLease(lease)
 			if r.Reason == supervise.ReasonDeadline {
-				err := fmt.Errorf("dlock: lease on %q passed its validity deadline with no renewal (dlock was stopped or starved); the command was terminated", key)
+				err := fmt.Errorf("lease on %q passed its validity deadline with no renewal (dlock was stopped or starved); the command was terminated", leaseKey)
 				if errors.Is(relErr, dlock.ErrLeaseLost) {
 					err = fmt.Errorf("%w: %w", err, relErr)
 				}
 				return report(ExitLost, "lost", err)
 			}
 			if errors.Is(relErr, dlock.ErrLeaseLost) {
-				fmt.Fprintf(g.stderr, "dlock: lease on %q was lost just as the command ended: %v\n", key, relErr)
+				fmt.Fprintf(g.stderr, "dlock: lease on %q was lost just as the command ended: %v\n", leaseKey, relErr)
 				return report(ExitLost, "lost", relErr)
+			}
+			if relErr != nil {
+				// The command's status stands; the key stays held until the
+				// store expires it. Say so, or the next run's 75 is a mystery.
+				held := max(left, 0).Round(time.Second)
+				why := plainCause(relErr)
+				if !errors.Is(relErr, dlock.ErrUnavailable) {
+					why = relErr.Error()
+				}
+				fmt.Fprintf(g.stderr, "dlock: warning: could not release %q (fence %d): cannot reach the store at %s (%s); it stays held until the store expires it, up to %v from now (TTL %v)\n",
+					leaseKey, lease.Fence(), g.storeAddr(), why, held, f.ttl)
+				res.ReleaseError = strings.TrimPrefix(relErr.Error(), "dlock: ")
+				res.HeldForSeconds = max(left, 0).Seconds()
 			}
 			result := "ran"
 			if lease == nil || lease.Degraded() {
 				result = "fail_open"
 			}
-			if r.Code != 0 {
-				return report(r.Code, result, nil)
-			}
-			return report(0, result, nil)
+			return report(r.Code, result, nil)
 		}
 	}
+}
+
+// heldMessage says who holds key (or that all its permits are taken), for
+// the "held" exit, asking the store where it can tell.
+func heldMessage(ctx context.Context, g *globals, l *dlock.Locker, f *runFlags, key string, err error) error {
+	suffix := "not run"
+	if f.wait {
+		suffix = fmt.Sprintf("still held after --wait-timeout %v; not run", f.waitTimeout)
+	} else {
+		suffix = "not run (--wait or --wait-timeout to wait for it)"
+	}
+	if f.permits > 0 {
+		return fmt.Errorf("run %q: all %d permits (%s .. %s) are held; %s", key, f.permits, PermitKey(key, 0), PermitKey(key, f.permits-1), suffix)
+	}
+	ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	info, ierr := l.Inspect(ictx, key)
+	if ierr != nil {
+		return fmt.Errorf("run %q: the key is held; %s", key, suffix)
+	}
+	who := "an unnamed holder"
+	if info.Holder != "" {
+		who = quoteIfControl(info.Holder)
+	}
+	left := ""
+	if info.Remaining > 0 {
+		left = fmt.Sprintf(" for %v more", info.Remaining.Round(100*time.Millisecond))
+		if info.TTL > 0 {
+			left += fmt.Sprintf(" (TTL %v)", info.TTL)
+		}
+	}
+	return fmt.Errorf("run %q: held by %s%s, fence %d; %s", key, who, left, info.Fence, suffix)
 }
 
 // renewObserver calls on after each confirmed renewal; dlock run uses it to
@@ -273,9 +497,15 @@ func (o *renewObserver) Renewed(e dlock.RenewEvent) {
 	}
 }
 
-func acquire(ctx context.Context, l *dlock.Locker, f *runFlags, key string, opts []dlock.Option) (*dlock.Lease, error) {
+// acquire takes key (or, with --permits, one of its slots), waiting under
+// --wait; it returns the lease and the slot index (-1 without --permits).
+func acquire(ctx context.Context, l *dlock.Locker, f *runFlags, key string, opts []dlock.Option) (*dlock.Lease, int, error) {
 	if !f.wait {
-		return l.TryAcquire(ctx, key, opts...)
+		if f.permits > 0 {
+			return tryPermits(ctx, l, f, key, opts)
+		}
+		lease, err := l.TryAcquire(ctx, key, opts...)
+		return lease, -1, err
 	}
 	if f.waitTimeout > 0 {
 		var cancel context.CancelFunc
@@ -296,12 +526,72 @@ func acquire(ctx context.Context, l *dlock.Locker, f *runFlags, key string, opts
 		case <-ctx.Done():
 		}
 	}()
-	lease, err := l.Acquire(ctx, key, opts...)
+	var lease *dlock.Lease
+	permit := -1
+	var err error
+	if f.permits > 0 {
+		lease, permit, err = waitPermits(ctx, l, f, key, opts)
+	} else {
+		lease, err = l.Acquire(ctx, key, opts...)
+	}
 	var intr interrupted
 	if err != nil && errors.As(context.Cause(ctx), &intr) {
-		return nil, fmt.Errorf("%w: %w", intr, err)
+		return nil, -1, fmt.Errorf("%w: %w", intr, err)
 	}
-	return lease, err
+	return lease, permit, err
+}
+
+// tryPermits tries every slot of the semaphore once, in random order, and
+// returns the first granted; ErrNotAcquired when all are held.
+func tryPermits(ctx context.Context, l *dlock.Locker, f *runFlags, key string, opts []dlock.Option) (*dlock.Lease, int, error) {
+	for _, i := range rand.Perm(f.permits) {
+		lease, err := l.TryAcquire(ctx, PermitKey(key, i), opts...)
+		if err == nil {
+			return lease, i, nil
+		}
+		if !errors.Is(err, dlock.ErrNotAcquired) {
+			return nil, -1, err
+		}
+	}
+	return nil, -1, fmt.Errorf("all %d permits of %q are held: %w", f.permits, key, dlock.ErrNotAcquired)
+}
+
+// waitPermits tries the slots until one is granted or ctx ends, sleeping a
+// full-jitter backoff (50 ms doubling to 2 s) between rounds.
+func waitPermits(ctx context.Context, l *dlock.Locker, f *runFlags, key string, opts []dlock.Option) (*dlock.Lease, int, error) {
+	backoff := 50 * time.Millisecond
+	for {
+		lease, i, err := tryPermits(ctx, l, f, key, opts)
+		if !errors.Is(err, dlock.ErrNotAcquired) {
+			return lease, i, err
+		}
+		t := time.NewTimer(rand.N(backoff) + time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, -1, fmt.Errorf("%w (%w)", ctx.Err(), err)
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// openRetrying opens the store, retrying an unreachable one for up to
+// retryFor (0: once; negative: until ctx ends).
+func (g *globals) openRetrying(ctx context.Context, retryFor time.Duration) (*dlock.Locker, error) {
+	deadline := time.Now().Add(retryFor)
+	for {
+		l, err := g.open(ctx)
+		var ee *exitError
+		if err == nil || !errors.As(err, &ee) || ee.code != ExitUnavailable || retryFor == 0 || (retryFor > 0 && time.Now().After(deadline)) {
+			return l, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // interrupted is the cause of a wait ended by a signal.
@@ -309,8 +599,9 @@ type interrupted struct{ sig syscall.Signal }
 
 func (i interrupted) Error() string { return "wait interrupted by " + i.sig.String() }
 
+// releaseLease releases lease (nil or degraded: nothing to do) within 10s.
 func releaseLease(lease *dlock.Lease) error {
-	if lease == nil {
+	if lease == nil || lease.Degraded() {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

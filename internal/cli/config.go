@@ -1,0 +1,147 @@
+package cli
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"go.yaml.in/yaml/v3"
+)
+
+// fileConfig is the configuration file: flat YAML, every value a scalar.
+// A key it does not know is an error (a typo must not pass silently).
+type fileConfig struct {
+	Store    string `yaml:"store"`
+	TTL      string `yaml:"ttl"`
+	Token    string `yaml:"token"`
+	Output   string `yaml:"output"`
+	Holder   string `yaml:"holder"`
+	RetryFor string `yaml:"retry_for"`
+}
+
+// setting is one value that a flag, an environment variable or the
+// configuration file can give, in that order of precedence.
+type setting struct {
+	flag string                     // flag name (persistent or the command's own)
+	env  string                     // environment variable
+	file func(c *fileConfig) string // the file's value, "" when unset
+}
+
+var settings = []setting{
+	{"store", "DLOCK_STORE", func(c *fileConfig) string { return c.Store }},
+	{"token", "DLOCK_TOKEN", func(c *fileConfig) string { return c.Token }},
+	{"output", "DLOCK_OUTPUT", func(c *fileConfig) string { return c.Output }},
+	{"ttl", "DLOCK_TTL", func(c *fileConfig) string { return c.TTL }},
+	{"holder", "DLOCK_HOLDER", func(c *fileConfig) string { return c.Holder }},
+	{"retry-for", "DLOCK_RETRY_FOR", func(c *fileConfig) string { return c.RetryFor }},
+}
+
+// configHelp is the part of dlock --help that documents the precedence.
+const configHelp = `Configuration: every setting comes from, in order of precedence,
+  1. its flag                    --store, --token, -o, and run's --ttl, --holder, --retry-for
+  2. its environment variable    DLOCK_STORE, DLOCK_TOKEN, DLOCK_OUTPUT, DLOCK_TTL,
+                                 DLOCK_HOLDER, DLOCK_RETRY_FOR
+  3. the configuration file      --config FILE, else DLOCK_CONFIG, else
+                                 $XDG_CONFIG_HOME/dlock/config.yaml (default
+                                 ~/.config/dlock/config.yaml; a missing default file is fine)
+  4. the built-in default
+The file is flat YAML with the keys store, ttl, token, output, holder and
+retry_for, e.g.
+  store: dlockd://10.0.0.5:7450
+  ttl: 1m
+  retry_for: 10s
+An unknown key or a value that does not parse exits 64, naming the file.
+DLOCK_TOKEN (token) is a bearer token for the store: it is accepted and
+carried, but no store checks one yet (dlockd authentication comes with its
+security work); keep passwords of Redis or PostgreSQL in the store URL.`
+
+// configPath returns the configuration file to read and whether it was asked
+// for explicitly (then it must exist).
+func configPath(flagValue string) (string, bool) {
+	if flagValue != "" {
+		return flagValue, true
+	}
+	if p := os.Getenv("DLOCK_CONFIG"); p != "" {
+		return p, true
+	}
+	if d := os.Getenv("XDG_CONFIG_HOME"); d != "" {
+		return filepath.Join(d, "dlock", "config.yaml"), false
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return "", false
+	}
+	return filepath.Join(home, ".config", "dlock", "config.yaml"), false
+}
+
+// loadConfig reads the configuration file, if any. A file asked for with
+// --config or DLOCK_CONFIG must exist; the default one may be absent.
+func loadConfig(path string, explicit bool) (*fileConfig, error) {
+	c := &fileConfig{}
+	if path == "" {
+		return c, nil
+	}
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) && !explicit {
+		return c, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("configuration file: %w", err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) { // io.EOF: an empty file
+		return nil, fmt.Errorf("configuration file %s: %v (known keys: store, ttl, token, output, holder, retry_for)", path, err)
+	}
+	return c, nil
+}
+
+// applyConfig fills every setting of cmd that its flag did not set, from the
+// environment, then from the configuration file. A value that does not parse
+// is a usage error naming where it came from.
+func applyConfig(cmd *cobra.Command, g *globals) error {
+	path, explicit := configPath(g.configFile)
+	c, err := loadConfig(path, explicit)
+	if err != nil {
+		return exit(ExitUsage, "%w", err)
+	}
+	for _, s := range settings {
+		f := cmd.Flags().Lookup(s.flag)
+		if f == nil || f.Changed {
+			continue
+		}
+		if v, ok := os.LookupEnv(s.env); ok && v != "" {
+			if err := f.Value.Set(v); err != nil {
+				return exit(ExitUsage, "%s=%q: %v", s.env, v, err)
+			}
+			g.fromEnvOrFile[s.flag] = true
+			continue
+		}
+		if v := s.file(c); v != "" {
+			if err := f.Value.Set(v); err != nil {
+				return exit(ExitUsage, "%s in configuration file %s = %q: %v", strings.ReplaceAll(s.flag, "-", "_"), path, v, err)
+			}
+			g.fromEnvOrFile[s.flag] = true
+		}
+	}
+	if c.Token != "" {
+		if st, err := os.Stat(path); err == nil && st.Mode().Perm()&0o077 != 0 {
+			fmt.Fprintf(g.stderr, "dlock: warning: configuration file %s holds a token but is readable by others (mode %v); chmod 600 it\n", path, st.Mode().Perm())
+		}
+	}
+	return nil
+}
+
+// knownSchemes returns the store schemes this binary can open, sorted.
+func knownSchemes(registered []string) string {
+	s := append([]string(nil), registered...)
+	sort.Strings(s)
+	return strings.Join(s, ", ")
+}
