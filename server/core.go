@@ -273,9 +273,11 @@ func (s *Server) acquire(ctx context.Context, in acquireIn, cancel <-chan struct
 	}
 	var why error
 	select {
-	case fence := <-w.ch:
+	case g := <-w.ch:
 		if ctx.Err() == nil {
-			out.fence = fence
+			// The grant's TTL, not the request's: the queue entry may be
+			// an earlier request's, with another TTL.
+			out.fence, out.ttl = g.fence, g.ttl
 			out.claimWithin = s.cfg.ClaimWindow
 			return out, nil
 		}

@@ -1,6 +1,9 @@
 package server
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // This file owns the per-node registries that connect FSM events to the
 // requests and streams of this node: waitRegistry (waiting acquisitions) and
@@ -8,7 +11,16 @@ import "sync"
 // clients that reconnect.
 
 // waitEntry is one waiting acquisition on this node.
-type waitEntry struct{ ch chan uint64 }
+type waitEntry struct{ ch chan waitGrant }
+
+// waitGrant is what a waiting acquisition is told of its grant: the fence
+// and the TTL its countdown runs with. The TTL is the queue entry's, which
+// may differ from the request's when the owner waited again on an entry
+// that outlived an earlier request (its cancel failed).
+type waitGrant struct {
+	fence uint64
+	ttl   time.Duration
+}
 
 // waitRegistry maps the queue entries of clients connected to this node to
 // their waiting request.
@@ -23,7 +35,7 @@ func (r *waitRegistry) add(ko keyOwner) (*waitEntry, bool) {
 	if _, dup := r.m[ko]; dup {
 		return nil, false
 	}
-	w := &waitEntry{ch: make(chan uint64, 1)}
+	w := &waitEntry{ch: make(chan waitGrant, 1)}
 	r.m[ko] = w
 	return w, true
 }
@@ -43,13 +55,13 @@ func (r *waitRegistry) has(ko keyOwner) bool {
 	return ok
 }
 
-func (r *waitRegistry) notify(ko keyOwner, fence uint64) {
+func (r *waitRegistry) notify(ko keyOwner, g waitGrant) {
 	r.mu.Lock()
 	w := r.m[ko]
 	r.mu.Unlock()
 	if w != nil {
 		select {
-		case w.ch <- fence:
+		case w.ch <- g:
 		default:
 		}
 	}

@@ -551,7 +551,7 @@ func (s *Server) lockEvents(evs []event) {
 		ev := &evs[i]
 		switch ev.kind {
 		case evGranted:
-			s.waits.notify(keyOwner{ev.key, ev.owner}, ev.fence)
+			s.waits.notify(keyOwner{ev.key, ev.owner}, waitGrant{fence: ev.fence, ttl: ev.ttl})
 		case evRemoved:
 			switch ev.reason {
 			case reasonExpired:

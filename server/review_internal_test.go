@@ -1,0 +1,89 @@
+package server
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// startTestServer starts a single node with testConfig and waits until it
+// serves writes.
+func startTestServer(t *testing.T, cfg Config) *Server {
+	t.Helper()
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	if err := s.WaitReady(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// countdownTTL returns the TTL key's countdown runs with on s.
+func countdownTTL(s *Server, key string) (time.Duration, bool) {
+	s.clock.mu.Lock()
+	defer s.clock.mu.Unlock()
+	l := s.clock.byKey[key]
+	if l == nil || l.delay {
+		return 0, false
+	}
+	return l.ttl, true
+}
+
+// TestServer_RewaitIsToldTheTTLItIsGranted: an owner whose queue entry
+// outlived its waiting request (the request's cancel failed) and who waits
+// again with a longer TTL is granted with the queued entry's TTL; the answer
+// must say that TTL, not the one the second request asked for (it did: the
+// client was told an hour while the countdown ran for a second, and the key
+// went to the next waiter while its holder still believed it valid).
+func TestServer_RewaitIsToldTheTTLItIsGranted(t *testing.T) {
+	s := startTestServer(t, testConfig(t))
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	const holder, waiter = "owner-h-0000", "owner-w-0000"
+	if _, err := s.acquire(ctx, acquireIn{key: "k", owner: holder, ttl: time.Hour}, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The waiter's first wait, with a 1 s TTL: its entry is queued, and its
+	// request is gone without a cancel (as when the cancel's proposal
+	// failed).
+	r, err := s.propose(&command{op: opAcquire, key: "k", owner: waiter, ttl: time.Second, wait: true,
+		maxWaiters: uint64(s.cfg.MaxWaitersPerKey), maxLeases: uint64(s.cfg.MaxLeases), maxTotalWaiters: uint64(s.cfg.MaxWaiters)})
+	if err != nil || r.code != resQueued {
+		t.Fatalf("first wait: %+v %v, want queued", r, err)
+	}
+	type result struct {
+		out acquireOut
+		err error
+	}
+	queued := make(chan int, 1)
+	done := make(chan result, 1)
+	go func() {
+		out, err := s.acquire(ctx, acquireIn{key: "k", owner: waiter, ttl: time.Hour, wait: true}, nil, func(pos int) { queued <- pos })
+		done <- result{out, err}
+	}()
+	select {
+	case <-queued:
+	case res := <-done:
+		t.Fatalf("second wait ended before queueing: %+v", res)
+	}
+	if _, err := s.release("k", holder); err != nil {
+		t.Fatal(err)
+	}
+	res := <-done
+	if res.err != nil {
+		t.Fatalf("second wait: %v", res.err)
+	}
+	ttl, ok := countdownTTL(s, "k")
+	if !ok {
+		t.Fatal("no countdown for the granted key")
+	}
+	if res.out.ttl > ttl {
+		t.Fatalf("the waiter was told a TTL of %v; its grant's countdown runs for %v", res.out.ttl, ttl)
+	}
+}
