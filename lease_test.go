@@ -267,7 +267,7 @@ func TestAcquire_CanceledContextMatches(t *testing.T) {
 
 func TestOpen_SchemeRegistry(t *testing.T) {
 	_, err := dlock.Open(t.Context(), "nosuch://x")
-	if err == nil || !strings.Contains(err.Error(), `no driver for scheme "nosuch"`) || !strings.Contains(err.Error(), "mem") {
+	if !errors.Is(err, dlock.ErrInvalidArgument) || !strings.Contains(err.Error(), `unknown store scheme "nosuch"`) || !strings.Contains(err.Error(), "mem") {
 		t.Fatalf("Open(unknown scheme) = %v", err)
 	}
 	a, err := dlock.Open(t.Context(), "mem://open-test")
