@@ -43,10 +43,23 @@
 //
 // # Store outages
 //
-// dlock fails closed: an acquisition that cannot reach the store returns
-// ErrUnavailable within the op timeout (WithOpTimeout, default 5 s) and no
-// lease. WithFailOpen returns a degraded lease without a fence instead, for
-// efficiency locks only.
+// dlock fails closed. A store that cannot be reached, is restarting or
+// shutting down, is electing a leader, or does not answer within the op
+// timeout (WithOpTimeout, default 5 s) is a transient error
+// (ErrUnavailable), and an acquisition retries it with full-jitter
+// exponential backoff for its retry budget (WithRetryFor): a waiting Acquire
+// until its ctx ends, TryAcquire not at all unless WithRetryFor gives it a
+// budget. Only when the budget is spent (or ctx ends) does it return an
+// error matching ErrUnavailable, which wraps the last store error and says
+// how long it retried; nothing is left held on the store. WithFailOpen
+// returns a degraded lease without a fence instead, once the budget is
+// spent, for efficiency locks only.
+//
+// Input dlock or the store refuses as invalid (a key, TTL, holder, option
+// or store URL) is ErrInvalidArgument, or the specific ErrInvalidKey,
+// ErrInvalidTTL or ErrInvalidHolder that match it: never ErrUnavailable,
+// never retried, and never turned into a degraded lease by WithFailOpen.
+// Keys, TTLs and holders are checked before any store is called.
 //
 // # Stores
 //
@@ -88,7 +101,8 @@ var (
 	// called on a lease that was already lost.
 	ErrLeaseLost = driver.ErrLeaseLost
 	// ErrUnavailable: the store could not be reached or did not answer
-	// within the op timeout. The store's own error is wrapped too.
+	// within the op timeout (for an acquisition: through its whole retry
+	// budget, see WithRetryFor). The store's own error is wrapped too.
 	ErrUnavailable = driver.ErrUnavailable
 	// ErrInvalidArgument: an input (key, TTL, holder, owner, option, store
 	// URL) was refused as invalid, by dlock or by the store. Never
@@ -239,17 +253,28 @@ func (l *Locker) Driver() driver.Driver { return l.drv }
 // Acquire waits until key is granted or ctx ends, and returns the lease. On
 // stores that queue waiters (driver.Waiter) it waits by notification; on the
 // others it polls with full-jitter exponential backoff (WithBackoff), woken
-// early by release hints where the store gives them.
+// early by release hints where the store gives them. Transient store errors
+// (ErrUnavailable: the store down, restarting, electing a leader) are
+// retried, with the same backoff, until ctx ends or for WithRetryFor's
+// budget (the op timeout with WithFailOpen); pass a ctx with a deadline.
 //
-// Errors: ErrInvalidKey, ErrInvalidTTL, ErrUnavailable (fail closed; see
-// WithFailOpen), ErrClosed, or an error matching ctx.Err() when ctx ends
-// first. When an error is returned, nothing is left held on the store.
+// Errors: ErrInvalidKey, ErrInvalidTTL, ErrInvalidHolder and
+// ErrInvalidArgument for invalid input (before any store call, never
+// degraded by WithFailOpen); ErrUnavailable once the retry budget is spent
+// (fail closed; see WithFailOpen), wrapping the last store error; ErrClosed;
+// an error matching ctx.Err() when ctx ends first, which also matches
+// ErrUnavailable (and wraps the last store error) when ctx ended during an
+// outage. When an error is returned, nothing is left held on the store.
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...Option) (*Lease, error) {
 	return l.acquire(ctx, key, true, l.callOptions(opts))
 }
 
 // TryAcquire makes one attempt and returns the lease, or an error matching
-// ErrNotAcquired at once when key is held. Other errors are as for Acquire.
+// ErrNotAcquired at once when key is held. A transient store error
+// (ErrUnavailable) is not retried unless WithRetryFor gives a budget; then
+// attempts are repeated, with backoff, until one gets an answer from the
+// store (the lease, or ErrNotAcquired) or the budget is spent. Other errors
+// are as for Acquire.
 func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...Option) (*Lease, error) {
 	return l.acquire(ctx, key, false, l.callOptions(opts))
 }

@@ -9,7 +9,8 @@ const (
 	// DefaultTTL is the lease TTL when WithTTL is not given.
 	DefaultTTL = 30 * time.Second
 	// DefaultBackoffMin and DefaultBackoffMax bound the full-jitter
-	// exponential backoff of polling waits.
+	// exponential backoff of polling waits and of retries after transient
+	// store errors.
 	DefaultBackoffMin = 5 * time.Millisecond
 	DefaultBackoffMax = 1 * time.Second
 	// DefaultOpTimeout bounds one store round trip (an acquisition attempt,
@@ -72,7 +73,8 @@ func WithHeartbeat(interval time.Duration) Option {
 func WithDrift(drift time.Duration) Option { return func(o *options) { o.drift = drift } }
 
 // WithBackoff bounds the full-jitter exponential backoff between polling
-// attempts of Acquire on stores that cannot queue waiters: the n-th sleep is
+// attempts of Acquire on stores that cannot queue waiters, and between
+// retries of transient store errors (WithRetryFor): the n-th sleep is
 // uniform in [0, min(max, min·2ⁿ)). Zero values keep the defaults (5 ms and
 // 1 s).
 func WithBackoff(min, max time.Duration) Option {
