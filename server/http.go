@@ -42,7 +42,7 @@ var httpStatus = map[codes.Code]int{
 // JSON routes (POST, body = the request message in protobuf JSON):
 // /v1/acquire, /v1/renew, /v1/release, /v1/cancel-wait, /v1/check-fence,
 // /v1/inspect, /v1/list. GET /v1/inspect?key=K and GET
-// /v1/list?prefix=P&limit=N also work. Errors are
+// /v1/list?prefix=P&limit=N&page_token=T also work. Errors are
 // {"code":"FAILED_PRECONDITION","reason":"LOCK_HELD","message":"..."} with
 // the HTTP status of the code (400, 404, 409, 413, 429, 503, ...).
 func newHTTPHandler(s *Server) http.Handler {
@@ -76,7 +76,7 @@ func newHTTPHandler(s *Server) http.Handler {
 				return
 			}
 		}
-		resp, err := a.List(r.Context(), &dlockv1.ListRequest{Prefix: q.Get("prefix"), Limit: uint32(limit)})
+		resp, err := a.List(r.Context(), &dlockv1.ListRequest{Prefix: q.Get("prefix"), Limit: uint32(limit), PageToken: q.Get("page_token")})
 		s.requestDone(transportHTTP, "list", "", err, start)
 		writeReply(w, resp, err)
 	})

@@ -2,6 +2,10 @@ package server
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
 	"testing"
 	"time"
 )
@@ -85,5 +89,52 @@ func TestServer_RewaitIsToldTheTTLItIsGranted(t *testing.T) {
 	}
 	if res.out.ttl > ttl {
 		t.Fatalf("the waiter was told a TTL of %v; its grant's countdown runs for %v", res.out.ttl, ttl)
+	}
+}
+
+// TestHTTP_GetListFollowsPageToken: GET /v1/list pages with page_token as
+// POST does. It ignored the parameter, so a client following
+// next_page_token got the first page again, for ever.
+func TestHTTP_GetListFollowsPageToken(t *testing.T) {
+	s := startTestServer(t, testConfig(t))
+	ctx := t.Context()
+	want := []string{"p/a", "p/b", "p/c"}
+	for _, k := range want {
+		if _, err := s.acquire(ctx, acquireIn{key: k, owner: "owner-a-0000", ttl: time.Hour}, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []string
+	token := ""
+	for page := 0; ; page++ {
+		if page > len(want) {
+			t.Fatalf("more pages than keys: %v", got)
+		}
+		u := "http://" + s.Addr() + "/v1/list?prefix=p/&limit=1&page_token=" + url.QueryEscape(token)
+		resp, err := http.Get(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body struct {
+			Holders []struct {
+				Key string `json:"key"`
+			} `json:"holders"`
+			NextPageToken string `json:"next_page_token"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s: %d %v", u, resp.StatusCode, err)
+		}
+		for _, h := range body.Holders {
+			got = append(got, h.Key)
+		}
+		if body.NextPageToken == "" {
+			break
+		}
+		token = body.NextPageToken
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("pages listed %v, want %v", got, want)
 	}
 }
