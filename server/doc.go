@@ -26,7 +26,10 @@
 // version) keeps its log there. Snapshots are files in the same directory.
 //
 // The fence of a grant is the Raft log index of the entry that made it, so
-// fences are globally increasing, never reused, and survive restarts.
+// a key's fences are strictly increasing, never reused, and survive
+// restarts. Fences of different keys are not comparable and may be equal:
+// one entry (an expiry or unclaimed release of several keys) hands each key
+// to its head waiter with the entry's index.
 //
 // A release, an expiry or a cancelled grant hands the key to the head waiter
 // in the same log entry, and the waiter's request is answered when that entry
