@@ -46,7 +46,8 @@ type Config struct {
 
 	// MaxKeyBytes is the longest key, in bytes. Default and maximum 512.
 	MaxKeyBytes int
-	// MinTTL and MaxTTL bound lease TTLs. Defaults 100ms and 24h.
+	// MinTTL and MaxTTL bound lease TTLs. Defaults 100ms and 24h; MaxTTL
+	// at most 100 years.
 	MinTTL, MaxTTL time.Duration
 	// DefaultTTL is the TTL of a request that gives none. Default 30s.
 	DefaultTTL time.Duration
@@ -239,6 +240,12 @@ func DefaultConfig() Config {
 	}
 }
 
+// maxTTLBound is the longest MaxTTL: log entries hold durations up to 2^62
+// ns (about 146 years; a longer TTL was written, failed to decode when
+// applied and was answered INTERNAL), and countdowns add TTLs to int64
+// nanoseconds.
+const maxTTLBound = 100 * 365 * 24 * time.Hour
+
 // Validate reports every problem of c joined in one error, or nil.
 func (c Config) Validate() error {
 	var errs []error
@@ -268,6 +275,9 @@ func (c Config) Validate() error {
 	}
 	if c.MinTTL <= 0 || c.MaxTTL < c.MinTTL {
 		bad("TTL range [%v, %v] is empty or not positive", c.MinTTL, c.MaxTTL)
+	}
+	if c.MaxTTL > maxTTLBound {
+		bad("MaxTTL %v above %v (100 years)", c.MaxTTL, maxTTLBound)
 	}
 	if c.DefaultTTL < c.MinTTL || c.DefaultTTL > c.MaxTTL {
 		bad("DefaultTTL %v outside [%v, %v]", c.DefaultTTL, c.MinTTL, c.MaxTTL)

@@ -138,3 +138,28 @@ func TestHTTP_GetListFollowsPageToken(t *testing.T) {
 		t.Fatalf("pages listed %v, want %v", got, want)
 	}
 }
+
+// TestServer_LongestTTLIsGranted: the longest MaxTTL Validate accepts can
+// be granted, and a longer one is refused. Log entries hold durations up to
+// 2^62 ns (about 146 years); a MaxTTL of 200 years was accepted, and an
+// acquisition asking for it was written to the log, failed to decode when
+// applied and was answered INTERNAL.
+func TestServer_LongestTTLIsGranted(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.MaxTTL = 200 * 365 * 24 * time.Hour
+	if err := cfg.Validate(); err == nil {
+		t.Fatalf("MaxTTL %v accepted", cfg.MaxTTL)
+	}
+	cfg.MaxTTL = maxTTLBound
+	s := startTestServer(t, cfg)
+	out, err := s.acquire(t.Context(), acquireIn{key: "k", owner: "owner-a-0000", ttl: cfg.MaxTTL}, nil, nil)
+	if err != nil || out.ttl != cfg.MaxTTL {
+		t.Fatalf("acquire with the longest TTL %v: %+v %v", cfg.MaxTTL, out, err)
+	}
+	if left, ok := s.clock.remaining("k", out.fence); !ok || left < cfg.MaxTTL-time.Minute {
+		t.Fatalf("countdown of the longest TTL: %v left (%v)", left, ok)
+	}
+	if ok, err := s.renew([]renewIn{{key: "k", owner: "owner-a-0000", ttl: cfg.MaxTTL}}); err != nil || !ok[0] {
+		t.Fatalf("renew with the longest TTL: %v %v", ok, err)
+	}
+}
