@@ -18,6 +18,11 @@
 //     terminal's Ctrl-C, timeout(1)'s SIGKILL) does not reach it; dlock
 //     forwards SIGINT, SIGTERM and SIGHUP to it, and it to the command's
 //     group, as dlock did before;
+//   - when stdin is the terminal whose foreground dlock has, gives the
+//     command's group that foreground before the command starts, and gives
+//     it back to dlock's group when everything the command started is gone
+//     (terminal.go): a command that reads the terminal is not stopped by
+//     SIGTTIN, and the terminal's Ctrl-C reaches the command directly;
 //   - is a child subreaper (PR_SET_CHILD_SUBREAPER): a process the command
 //     daemonizes (fork, setsid, fork, parent exits) is re-parented to the
 //     supervisor rather than to init, so the supervisor finds it in /proc,
@@ -123,6 +128,9 @@ type Job struct {
 	mu  sync.Mutex
 	ctl *os.File // nil once the supervisor is gone
 
+	ttyFd   int // stdin, when it is the terminal whose foreground dlock gave the command
+	ttyPgrp int // dlock's process group, to give that terminal back to; 0: none
+
 	pid     int // the command's PID and process group; 0 until started
 	started chan error
 	done    chan struct{}
@@ -141,6 +149,10 @@ func Start(cfg Config) (*Job, error) {
 		j.warnf = nop
 	}
 	wc := wireConfig{Grace: cfg.Grace, NoCgroup: cfg.NoCgroupReason}
+	// A terminal on stdin whose foreground dlock is: the command gets the
+	// foreground (see terminal.go).
+	j.ttyFd, j.ttyPgrp = foregroundOf(cfg.Stdin)
+	wc.Foreground = j.ttyPgrp
 	if !cfg.Deadline.IsZero() {
 		wc.Deadline = monoNow() + int64(time.Until(cfg.Deadline))
 	}
@@ -267,6 +279,13 @@ func (j *Job) watch(st *os.File) {
 	if j.cg != nil {
 		if err := j.cg.remove(); err != nil && !reported {
 			j.warnf("%v", err)
+		}
+	}
+	if j.ttyPgrp != 0 {
+		// The supervisor gave the terminal back before reporting; when it
+		// was killed first, dlock does.
+		if err := setForeground(j.ttyFd, j.ttyPgrp); err != nil {
+			j.warnf("could not take the terminal's foreground back from the command's process group: %v", err)
 		}
 	}
 	close(j.done)

@@ -53,6 +53,10 @@ type wireConfig struct {
 	Deadline int64         `json:"deadline,omitempty"`  // CLOCK_MONOTONIC ns; 0: none
 	Cgroup   string        `json:"cgroup,omitempty"`    // the run's cgroup directory; "": none
 	NoCgroup string        `json:"no_cgroup,omitempty"` // why there is none
+	// Foreground is dlock's process group when stdin (descriptor 0) is the
+	// terminal whose foreground group it is: the command gets the
+	// foreground, and it goes back to this group at the end. 0: none.
+	Foreground int `json:"foreground,omitempty"`
 }
 
 func init() {
@@ -69,6 +73,9 @@ type supervisor struct {
 	cg     *cgroup
 
 	pid int // the command's PID, also its process group ID
+	// tty is true when the command was given the terminal's foreground
+	// (cfg.Foreground), which goes back to dlock's group at the end.
+	tty bool
 
 	// mu is held while signalling by PID and while reaping, so that no PID
 	// signalled is reaped (and reusable) in between.
@@ -127,12 +134,23 @@ func supervise(conf string, argv []string) int {
 		return code
 	}
 	s.report("mode %s, %s", mode, subreaper)
+	if s.tty {
+		s.report("debug the command's process group %d has the terminal's foreground", s.pid)
+	}
 	s.report("started %d", s.pid)
 	go s.reap()
 
 	ctl := make(chan [9]byte)
 	go readControl(os.NewFile(fdControl, "control"), ctl)
 	code, reason := s.run(ctl, sigs)
+	if s.tty {
+		// Everything the command started is gone: the terminal goes back
+		// to dlock's group before dlock learns that the command ended (it
+		// may be gone too, when dlock died: then the shell takes it).
+		if err := setForeground(0, s.cfg.Foreground); err != nil {
+			s.report("debug giving the terminal back to process group %d: %v", s.cfg.Foreground, err)
+		}
+	}
 	s.report("exit %d %s", code, reason)
 	return code
 }
@@ -157,7 +175,7 @@ func (s *supervisor) start(argv []string) (mode string, err error) {
 		fd, oerr := s.cg.open()
 		if oerr == nil {
 			attr.Sys.UseCgroupFD, attr.Sys.CgroupFD = true, fd
-			s.pid, err = syscall.ForkExec(path, argv, attr)
+			s.pid, err = s.forkExec(path, argv, attr)
 			syscall.Close(fd)
 			if err == nil {
 				kill := "cgroup.kill"
@@ -175,17 +193,40 @@ func (s *supervisor) start(argv []string) (mode string, err error) {
 			cgErr = oerr
 		}
 		attr.Sys.UseCgroupFD, attr.Sys.CgroupFD = false, 0
-		if s.pid, err = syscall.ForkExec(path, argv, attr); err != nil {
+		if s.pid, err = s.forkExec(path, argv, attr); err != nil {
 			return "", &os.PathError{Op: "fork/exec", Path: path, Err: err}
 		}
 		_ = s.cg.remove()
 		s.cg = nil
 		return fmt.Sprintf("no cgroup (starting in %s failed: %v), process group %d", s.cfg.Cgroup, cgErr, s.pid), nil
 	}
-	if s.pid, err = syscall.ForkExec(path, argv, attr); err != nil {
+	if s.pid, err = s.forkExec(path, argv, attr); err != nil {
 		return "", &os.PathError{Op: "fork/exec", Path: path, Err: err}
 	}
 	return fmt.Sprintf("no cgroup (%s), process group %d", s.cfg.NoCgroup, s.pid), nil
+}
+
+// forkExec starts the command; with cfg.Foreground, in the terminal's
+// foreground (the child takes it before exec, see terminal.go). When that
+// fails (the terminal is gone, or not the controlling terminal any more),
+// it starts the command as a background group, as without a terminal, and
+// says why.
+func (s *supervisor) forkExec(path string, argv []string, attr *syscall.ProcAttr) (int, error) {
+	if s.cfg.Foreground != 0 {
+		fg := *attr.Sys
+		fg.Foreground, fg.Ctty = true, 0 // the terminal is descriptor 0, in both processes
+		a := *attr
+		a.Sys = &fg
+		pid, err := syscall.ForkExec(path, argv, &a)
+		if err == nil {
+			s.tty = true
+			return pid, nil
+		}
+		// The child may have taken the foreground before its exec failed.
+		_ = setForeground(0, s.cfg.Foreground)
+		s.report("debug starting the command in the terminal's foreground failed (%v); starting it in the background", err)
+	}
+	return syscall.ForkExec(path, argv, attr)
 }
 
 // reap reaps every child of the supervisor (the command, and the orphans
