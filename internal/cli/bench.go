@@ -1,10 +1,15 @@
 package cli
 
 import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
+	"net/url"
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
 	"github.com/dlock-dev/dlock/internal/bench"
@@ -34,7 +39,15 @@ and prints one table per workload (Markdown, or JSON with -o json):
       server's resident memory, read from /proc for the PID given by --pid
 
 Every client opens its own connection, as separate processes would. Each W1
-and W2 cell runs for --duration.`,
+and W2 cell runs for --duration.
+
+Bench cleans up what it creates. On Redis (redis://, rediss://) it works
+under a throwaway key prefix (prefix=dlock-bench-RANDOM) and deletes every key under it when it
+ends, fence counters included; the store's other keys are not touched (a
+URL that gives prefix= itself is used as it is, and nothing is deleted). Other stores
+keep what their lock protocol keeps after a release (dlockd, etcd, ZooKeeper
+and PostgreSQL keep at most their fence counters; Redlock its per-node
+counters): run bench against a scratch store there.`,
 		Example: `  dlock bench --store redis://127.0.0.1:6379 --store dlockd://127.0.0.1:7450
   dlock bench --store redis://127.0.0.1:6379 --pid redis://127.0.0.1:6379=$(pidof redis-server) -o json`,
 		Args: cobra.NoArgs,
@@ -45,6 +58,21 @@ and W2 cell runs for --duration.`,
 			pidMap, err := bench.ParsePIDs(pids)
 			if err != nil {
 				return exit(ExitUsage, "%w", err)
+			}
+			for i, s := range stores {
+				scoped, cleanup, err := benchScope(s)
+				if err != nil {
+					return exit(ExitUsage, "%w", err)
+				}
+				if pid, ok := pidMap[s]; ok {
+					pidMap[scoped] = pid
+				}
+				stores[i] = scoped
+				defer func() {
+					if err := cleanup(); err != nil {
+						fmt.Fprintf(g.stderr, "dlock: warning: bench could not delete its keys on %s: %v\n", s, err)
+					}
+				}()
 			}
 			rep, err := bench.Run(cmd.Context(), bench.Config{
 				Stores: stores, Clients: clients, ContendedClients: cclients, Duration: duration,
@@ -74,4 +102,69 @@ and W2 cell runs for --duration.`,
 	fl.BoolVar(&skipHold, "skip-hold", false, "skip W3")
 	fl.StringArrayVar(&pids, "pid", nil, "URL=PID of a store's server process, for W3 memory")
 	return cmd
+}
+
+// benchScope returns the store URL bench uses for store and a function that
+// deletes what bench created there. On Redis it adds a throwaway key prefix
+// (unless the URL has one) and deletes every key under it; elsewhere it
+// returns store unchanged and a no-op.
+func benchScope(store string) (string, func() error, error) {
+	noop := func() error { return nil }
+	u, err := url.Parse(store)
+	if err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") {
+		return store, noop, nil
+	}
+	q := u.Query()
+	if q.Has("prefix") {
+		return store, noop, nil // the user's keys: not ours to delete
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	prefix := "dlock-bench-" + hex.EncodeToString(b[:])
+	q.Set("prefix", prefix)
+	scoped := *u
+	scoped.RawQuery = q.Encode()
+	// The cleanup client: go-redis's own URL, without the driver's options.
+	q.Del("prefix")
+	q.Del("hints")
+	plain := *u
+	plain.RawQuery = q.Encode()
+	opts, err := redis.ParseURL(plain.String())
+	if err != nil {
+		return "", nil, fmt.Errorf("bench: %s: %w", u.Redacted(), err)
+	}
+	cleanup := func() error {
+		c := redis.NewClient(opts)
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		iter := c.Scan(ctx, 0, globEscape(prefix)+":*", 1000).Iterator()
+		batch := make([]string, 0, 1000)
+		flush := func() error {
+			if len(batch) == 0 {
+				return nil
+			}
+			err := c.Unlink(ctx, batch...).Err()
+			batch = batch[:0]
+			return err
+		}
+		for iter.Next(ctx) {
+			batch = append(batch, iter.Val())
+			if len(batch) == cap(batch) {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+		}
+		if err := iter.Err(); err != nil {
+			return err
+		}
+		return flush()
+	}
+	return scoped.String(), cleanup, nil
+}
+
+// globEscape escapes the glob characters of Redis's MATCH.
+func globEscape(s string) string {
+	return strings.NewReplacer(`\`, `\\`, "*", `\*`, "?", `\?`, "[", `\[`, "]", `\]`).Replace(s)
 }

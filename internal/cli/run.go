@@ -251,16 +251,16 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 		if err != nil {
 			res.Error = strings.TrimPrefix(err.Error(), "dlock: ")
 		}
-		if reportTo != nil {
-			b, _ := json.Marshal(res)
-			_, _ = reportTo.Write(append(b, '\n'))
-		}
-		if err != nil {
+		if err != nil && reportTo != g.stderr { // on stderr, the report says it
 			printErr(g.stderr, err)
 			var ee *exitError
 			if g.debug && errors.As(err, &ee) && ee.detail != nil {
 				fmt.Fprintf(g.stderr, "dlock: debug: %v\n", ee.detail)
 			}
+		}
+		if reportTo != nil {
+			b, _ := json.Marshal(res)
+			_, _ = reportTo.Write(append(b, '\n'))
 		}
 		if code == 0 {
 			return nil

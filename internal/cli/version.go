@@ -17,7 +17,8 @@ func newVersionCmd(g *globals) *cobra.Command {
 		Short: "Print the version, VCS revision and Go version of this build",
 		Long: `Version prints the build of this dlock binary on one line: the module
 version, the VCS revision it was built from (marked modified when the working
-tree had uncommitted changes) and the Go version and platform. dlockd
+tree had uncommitted changes; "revision unknown" when the build was not
+stamped) and the Go version and platform. dlockd
 --version prints the same line for dlockd. With -o json it prints an object:
 {"version", "revision", "modified", "go", "platform"}.`,
 		Example: `  dlock version
@@ -29,7 +30,11 @@ tree had uncommitted changes) and the Go version and platform. dlockd
 				g.printJSON(bi)
 				return nil
 			}
-			fmt.Fprintln(g.stdout, bi)
+			line := bi.String()
+			if bi.Revision == "" {
+				line += " (revision unknown: built without VCS stamping, e.g. GOFLAGS=-buildvcs=false)"
+			}
+			fmt.Fprintln(g.stdout, line)
 			return nil
 		},
 	}
