@@ -107,9 +107,14 @@ func (w *trackingWriter) Write(b []byte) (int, error) {
 }
 
 // Flush implements http.Flusher, for handlers that assert it.
-func (w *trackingWriter) Flush() {
+func (w *trackingWriter) Flush() { _ = w.FlushError() }
+
+// FlushError flushes and returns the error, for http.ResponseController
+// (which prefers it to Flush): a handler must learn that its answer did
+// not go out (a handed-over grant is then released at once).
+func (w *trackingWriter) FlushError() error {
 	w.wroteHeader = true
-	_ = http.NewResponseController(w.ResponseWriter).Flush()
+	return http.NewResponseController(w.ResponseWriter).Flush()
 }
 
 // Unwrap returns the wrapped writer, for http.ResponseController.

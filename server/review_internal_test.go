@@ -1,11 +1,15 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 )
@@ -161,5 +165,61 @@ func TestServer_LongestTTLIsGranted(t *testing.T) {
 	}
 	if ok, err := s.renew([]renewIn{{key: "k", owner: "owner-a-0000", ttl: cfg.MaxTTL}}); err != nil || !ok[0] {
 		t.Fatalf("renew with the longest TTL: %v %v", ok, err)
+	}
+}
+
+// brokenFlushWriter is a ResponseWriter whose client is gone: writes are
+// buffered, and the flush that would send them fails.
+type brokenFlushWriter struct {
+	h      http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (w *brokenFlushWriter) Header() http.Header         { return w.h }
+func (w *brokenFlushWriter) WriteHeader(code int)        { w.status = code }
+func (w *brokenFlushWriter) Write(b []byte) (int, error) { return w.body.Write(b) }
+func (w *brokenFlushWriter) FlushError() error           { return errors.New("connection reset by peer") }
+
+// TestHTTP_UndeliveredHandoverIsReleasedAtOnce: a grant handed over to an
+// HTTP long-poll whose answer cannot be flushed is released at once, not
+// after the claim window. The panic-recovery wrapper's Flush swallowed the
+// flush error, so the handler never saw it and the key sat with nobody for
+// the claim window.
+func TestHTTP_UndeliveredHandoverIsReleasedAtOnce(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.ClaimWindow = time.Hour // only the failed flush can free the key in time
+	s := startTestServer(t, cfg)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	const holder, waiter = "owner-h-0000", "owner-w-0000"
+	if _, err := s.acquire(ctx, acquireIn{key: "k", owner: holder, ttl: time.Hour}, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	h := newHTTPHandler(s)
+	w := &brokenFlushWriter{h: make(http.Header)}
+	req := httptest.NewRequestWithContext(ctx, "POST", "/v1/acquire",
+		strings.NewReader(`{"key":"k","owner":"`+waiter+`","ttl":"3600s","wait":true}`))
+	done := make(chan struct{})
+	go func() { defer close(done); h.ServeHTTP(w, req) }()
+	for {
+		if v, _ := s.fsm.peek("k", waiter); v.queued {
+			break
+		}
+		select {
+		case <-done:
+			t.Fatalf("the wait ended before queueing: %d %s", w.status, w.body.String())
+		case <-time.After(time.Millisecond):
+		}
+	}
+	if _, err := s.release("k", holder); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if !strings.Contains(w.body.String(), `"claim_within"`) {
+		t.Fatalf("the wait was not answered with a handed-over grant: %d %s", w.status, w.body.String())
+	}
+	if v, ok := s.fsm.get("k"); ok && v.held {
+		t.Fatalf("the undelivered grant is still held by %s", v.grant.owner)
 	}
 }
