@@ -70,7 +70,7 @@ func (l *Locker) newLease(req driver.AcquireRequest, g driver.Grant, sent time.T
 	ls.lossTimer = time.AfterFunc(time.Until(ls.deadline), ls.onDeadline)
 	ls.mu.Unlock()
 	l.mu.Unlock()
-	go ls.heartbeat(g.Lost)
+	go ls.heartbeat(g.Lost, g.Recheck)
 	return ls, nil
 }
 
@@ -255,17 +255,26 @@ func (ls *Lease) lose(reason string, cause error) {
 	})
 }
 
+// recheckGap is the shortest time between two renewals asked for by
+// recheck hints, so that a flood of (possibly forged) hints costs the store
+// at most one renewal per gap.
+const recheckGap = 20 * time.Millisecond
+
 // heartbeat renews the lease every heartbeat interval while it is held. A
 // renewal that fails with a store error is retried with jittered backoff
 // until the deadline; the loss timer, not this loop, declares expiry, so a
-// store that hangs cannot delay the loss.
-func (ls *Lease) heartbeat(pushedLoss <-chan struct{}) {
+// store that hangs cannot delay the loss. A value on recheck (the driver's
+// hint that the grant may be gone) renews at once, at most once per
+// recheckGap: a refused renewal loses the lease then, a confirmed one keeps
+// it, so a forged or stale hint ends nothing.
+func (ls *Lease) heartbeat(pushedLoss, recheck <-chan struct{}) {
 	defer close(ls.hbDone)
 	l := ls.locker
 	o := ls.opts
 	interval := o.effectiveHeartbeat()
 	next := ls.start.Add(interval)
 	failures := 0
+	var lastRecheck time.Time
 	for {
 		t := time.NewTimer(time.Until(next))
 		select {
@@ -276,6 +285,17 @@ func (ls *Lease) heartbeat(pushedLoss <-chan struct{}) {
 			t.Stop()
 			ls.lose(LostStoreReported, errors.New("the store reported the grant gone"))
 			return
+		case <-recheck:
+			t.Stop()
+			if wait := time.Until(lastRecheck.Add(recheckGap)); wait > 0 {
+				// Hints come too fast: renew at the end of the gap (or
+				// at the next beat, if that comes first).
+				if at := time.Now().Add(wait); at.Before(next) {
+					next = at
+				}
+				continue
+			}
+			lastRecheck = time.Now()
 		case <-t.C:
 		}
 		sent := time.Now()

@@ -132,7 +132,9 @@ func (s *suite) testFrozen(t TB) {
 	timed("Acquire", func() error {
 		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 		defer cancel()
-		ls, err := b.Acquire(ctx, key(t, "wait"))
+		// No retry budget: one attempt, bounded by the op timeout (by
+		// default a waiting Acquire retries until its ctx ends).
+		ls, err := b.Acquire(ctx, key(t, "wait"), dlock.WithRetryFor(0))
 		if err == nil {
 			_ = ls.Release(t.Context())
 		}

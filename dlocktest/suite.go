@@ -76,6 +76,7 @@ func Subtests(h Harness) []Subtest {
 		{"Release_ReplayedDoesNotTouchNewGrant", s.testReleaseReplayed},
 		{"Acquire_CancelRacingGrant", s.testCancelRace},
 		{"Acquire_InvalidInput", s.testInvalidInput},
+		{"Driver_InvalidInputIsInvalidArgument", s.testDriverInvalidInput},
 		{"Keys_AnyCharacterWorks", s.testKeysWork},
 		{"Waiters_FIFO", s.testFIFO},
 		{"Store_DownIsUnavailable", s.testStoreDown},
@@ -729,13 +730,15 @@ func (s *suite) testStoreDown(t TB) {
 	l, _ := s.locker(t, dlock.WithOpTimeout(time.Second))
 	k := key(t, "k")
 	start := s.stopStore(t)
+	// TryAcquire makes one attempt; a waiting Acquire with no retry budget
+	// (WithRetryFor(0)) too: both report the outage within the op timeout.
 	for _, wait := range []bool{false, true} {
 		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 		began := time.Now()
 		var ls *dlock.Lease
 		var err error
 		if wait {
-			ls, err = l.Acquire(ctx, k)
+			ls, err = l.Acquire(ctx, k, dlock.WithRetryFor(0))
 		} else {
 			ls, err = l.TryAcquire(ctx, k)
 		}
@@ -747,6 +750,19 @@ func (s *suite) testStoreDown(t TB) {
 		if took > 5*time.Second {
 			t.Errorf("acquire (wait=%v) took %v to report the outage, want within the op timeout", wait, took)
 		}
+	}
+	// A waiting Acquire by default retries the outage until its ctx ends,
+	// then reports both.
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	began := time.Now()
+	waited, err := l.Acquire(ctx, k)
+	took := time.Since(began)
+	cancel()
+	if !errors.Is(err, dlock.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) || waited != nil {
+		t.Fatalf("waiting Acquire with the store down = %v, %v; want ErrUnavailable and DeadlineExceeded, no lease", waited, err)
+	}
+	if took < 1500*time.Millisecond || took > 5*time.Second {
+		t.Errorf("waiting Acquire with the store down took %v, want about its ctx's 2s", took)
 	}
 	start()
 	// Back: acquisitions work again (the client may need a moment to reconnect).

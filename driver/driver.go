@@ -31,13 +31,31 @@
 //   - Inspector: reports the current holder of a key and lists held keys.
 //
 // A driver that can push loss (a ZooKeeper session expiry, a dropped
-// PostgreSQL session, a revoked etcd lease) sets Grant.Lost.
+// PostgreSQL session, a revoked etcd lease, dlockd's Watch stream) sets
+// Grant.Lost. A driver that can only hint that a grant may be gone (a Redis
+// pub/sub message sent by a release or force release) sets Grant.Recheck;
+// the root package answers a hint by renewing at once.
+//
+// # Invalid input
+//
+// The root package validates keys, TTLs and holders before any driver is
+// called, but a driver is also called directly (tests, tools). Every
+// driver refuses input outside the contract itself (CheckRequest, CheckKey,
+// CheckOwner, CheckTTL), and maps every answer in which its store refused a
+// request as invalid to an error matching ErrInvalidArgument (or
+// ErrInvalidKey, ErrInvalidTTL, ErrInvalidHolder), never to a plain error
+// (which the root package reports as ErrUnavailable). An OpenFunc given an
+// invalid URL (unknown parameter, bad port, bad database number) returns an
+// error matching ErrInvalidArgument too.
 package driver
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // The sentinel errors of dlock, defined once here so that drivers can return
@@ -95,7 +113,110 @@ const (
 	// MaxHolderBytes is the longest valid holder description, in bytes of
 	// UTF-8.
 	MaxHolderBytes = 256
+	// MaxOwnerBytes is the longest valid owner token, in bytes.
+	MaxOwnerBytes = 128
 )
+
+// CheckKey returns nil when key is a valid lock name (1 to MaxKeyBytes bytes
+// of UTF-8 without NUL), else an error matching ErrInvalidKey that says why.
+func CheckKey(key string) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: empty", ErrInvalidKey)
+	case len(key) > MaxKeyBytes:
+		return fmt.Errorf("%w: %d bytes, longer than %d", ErrInvalidKey, len(key), MaxKeyBytes)
+	case !utf8.ValidString(key):
+		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidKey)
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] == 0 {
+			return fmt.Errorf("%w: contains NUL at byte %d", ErrInvalidKey, i)
+		}
+	}
+	return nil
+}
+
+// CheckTTL returns nil when ttl lies in [MinTTL, MaxTTL], else an error
+// matching ErrInvalidTTL that says why.
+func CheckTTL(ttl time.Duration) error {
+	if ttl < MinTTL || ttl > MaxTTL {
+		return fmt.Errorf("%w: %v is outside [%v, %v]", ErrInvalidTTL, ttl, MinTTL, MaxTTL)
+	}
+	return nil
+}
+
+// CheckHolder returns nil when holder is a valid holder description (at
+// most MaxHolderBytes bytes of UTF-8 without control characters; empty is
+// valid), else an error matching ErrInvalidHolder that says why.
+func CheckHolder(holder string) error {
+	if len(holder) > MaxHolderBytes {
+		return fmt.Errorf("%w: %d bytes, longer than %d", ErrInvalidHolder, len(holder), MaxHolderBytes)
+	}
+	if !utf8.ValidString(holder) {
+		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidHolder)
+	}
+	for i, r := range holder {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("%w: control character %U at byte %d", ErrInvalidHolder, r, i)
+		}
+	}
+	return nil
+}
+
+// CheckOwner returns nil when owner is a valid owner token (1 to
+// MaxOwnerBytes bytes of printable ASCII without spaces; the root package
+// sends 32 hex digits), else an error matching ErrInvalidArgument that says
+// why.
+func CheckOwner(owner string) error {
+	if owner == "" || len(owner) > MaxOwnerBytes {
+		return fmt.Errorf("%w: owner token of %d bytes, want 1 to %d", ErrInvalidArgument, len(owner), MaxOwnerBytes)
+	}
+	for i := 0; i < len(owner); i++ {
+		if owner[i] < 0x21 || owner[i] > 0x7e {
+			return fmt.Errorf("%w: owner token byte %d is not printable ASCII", ErrInvalidArgument, i)
+		}
+	}
+	return nil
+}
+
+// CheckRequest returns nil when every field of req is valid (CheckKey,
+// CheckOwner, CheckTTL, CheckHolder), else the first field's error, which
+// matches ErrInvalidArgument.
+func CheckRequest(req AcquireRequest) error {
+	if err := CheckKey(req.Key); err != nil {
+		return err
+	}
+	if err := CheckOwner(req.Owner); err != nil {
+		return err
+	}
+	if err := CheckTTL(req.TTL); err != nil {
+		return err
+	}
+	return CheckHolder(req.Holder)
+}
+
+// CheckGrant returns nil when key, owner and ttl are valid for Renew
+// (CheckKey, CheckOwner, CheckTTL), else the first one's error, which
+// matches ErrInvalidArgument.
+func CheckGrant(key, owner string, ttl time.Duration) error {
+	if err := CheckKey(key); err != nil {
+		return err
+	}
+	if err := CheckOwner(owner); err != nil {
+		return err
+	}
+	return CheckTTL(ttl)
+}
+
+// CheckOwned returns nil when key and owner are valid for Release
+// (CheckKey, CheckOwner), else the first one's error, which matches
+// ErrInvalidArgument.
+func CheckOwned(key, owner string) error {
+	if err := CheckKey(key); err != nil {
+		return err
+	}
+	return CheckOwner(owner)
+}
 
 // AcquireRequest is one acquisition attempt.
 type AcquireRequest struct {
@@ -125,6 +246,14 @@ type Grant struct {
 	// that cannot push loss leave it nil; the root package then relies on the
 	// validity deadline alone.
 	Lost <-chan struct{}
+	// Recheck, when not nil, receives a value (sent without blocking) when
+	// the store hints that this grant may be gone (a Redis pub/sub message
+	// published by a release or force release of the key). A hint is never
+	// a loss by itself: it may be forged, stale or meant for another grant.
+	// The root package answers it by renewing at once; only a refused
+	// renewal (ErrLeaseLost) ends the lease. Drivers stop sending when the
+	// grant is released, found lost, or has gone a TTL without renewal.
+	Recheck <-chan struct{}
 }
 
 // Driver is one connection to one store. All methods are safe for concurrent

@@ -4,7 +4,12 @@
 //
 // It registers the URL scheme "mem": dlock.Open(ctx, "mem://name") opens a
 // driver on the process-wide store called name ("mem://" is the store
-// "default"), so two Opens of the same URL share locks.
+// "default"), so two Opens of the same URL share locks. The URL takes no
+// query parameters; one with any is refused (ErrInvalidArgument).
+//
+// Input outside the contract (a key, owner token, TTL or holder that
+// driver.CheckRequest refuses) is refused with an error matching
+// driver.ErrInvalidArgument, as a real store's driver does.
 //
 // # Capabilities
 //
@@ -30,10 +35,14 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/internal/urlparam"
 )
 
 func init() {
 	driver.Register("mem", func(ctx context.Context, u *url.URL) (driver.Driver, error) {
+		if err := urlparam.Known("memdriver", u.Query()); err != nil {
+			return nil, err
+		}
 		name := u.Host
 		if name == "" {
 			name = u.Opaque
@@ -150,6 +159,9 @@ func (d *Driver) lock(ctx context.Context) error {
 // TryAcquire grants req.Key when it is free or its grant expired, else
 // returns driver.ErrNotAcquired. A key with queued waiters is not free.
 func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	if err := driver.CheckRequest(req); err != nil {
+		return driver.Grant{}, fmt.Errorf("memdriver: acquire: %w", err)
+	}
 	if err := d.lock(ctx); err != nil {
 		return driver.Grant{}, err
 	}
@@ -165,6 +177,9 @@ func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (dri
 // returns when the key is handed to it or ctx ends; in the latter case the
 // queue entry, or a grant that raced the cancellation, is removed.
 func (d *Driver) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	if err := driver.CheckRequest(req); err != nil {
+		return driver.Grant{}, fmt.Errorf("memdriver: wait: %w", err)
+	}
 	if err := d.lock(ctx); err != nil {
 		return driver.Grant{}, err
 	}
@@ -205,6 +220,9 @@ func (d *Driver) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Gr
 
 // Renew extends owner's grant to a full ttl, or returns driver.ErrLeaseLost.
 func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration) error {
+	if err := driver.CheckGrant(key, owner, ttl); err != nil {
+		return fmt.Errorf("memdriver: renew: %w", err)
+	}
 	if err := d.lock(ctx); err != nil {
 		return err
 	}
@@ -222,6 +240,9 @@ func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration
 // Release removes owner's grant and hands the key to the head waiter, or
 // returns driver.ErrLeaseLost when owner does not hold key.
 func (d *Driver) Release(ctx context.Context, key, owner string) error {
+	if err := driver.CheckOwned(key, owner); err != nil {
+		return fmt.Errorf("memdriver: release: %w", err)
+	}
 	if err := d.lock(ctx); err != nil {
 		return err
 	}
@@ -237,6 +258,9 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 // Inspect returns key's current grant, or driver.ErrNotAcquired wrapped
 // when it is free.
 func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, error) {
+	if err := driver.CheckKey(key); err != nil {
+		return driver.HolderInfo{}, fmt.Errorf("memdriver: inspect: %w", err)
+	}
 	if err := d.lock(ctx); err != nil {
 		return driver.HolderInfo{}, err
 	}
@@ -252,6 +276,9 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, er
 // head waiter; driver.ErrNotAcquired wrapped when key is free. reason is not
 // kept: the in-process store has no audit log (the root package logs it).
 func (d *Driver) ForceRelease(ctx context.Context, key, reason string) (driver.HolderInfo, error) {
+	if err := driver.CheckKey(key); err != nil {
+		return driver.HolderInfo{}, fmt.Errorf("memdriver: force-release: %w", err)
+	}
 	if err := d.lock(ctx); err != nil {
 		return driver.HolderInfo{}, err
 	}

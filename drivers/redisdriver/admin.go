@@ -33,6 +33,11 @@ return 0
 // driver.ErrNotAcquired when key is free or its grant changed meanwhile, or
 // the store's error wrapped. reason is not stored: Redis keeps no audit log
 // (the root package logs it with the removed grant).
+//
+// The release hint it publishes (when Options.ReleaseHints is on) also
+// reaches the removed grant's holder, if its driver watches the grant
+// (Grant.Recheck): the holder renews at once, is refused, and learns of the
+// loss within a round trip instead of at its next renewal.
 func (d *Driver) ForceRelease(ctx context.Context, key, reason string) (driver.HolderInfo, error) {
 	info, err := d.Inspect(ctx, key)
 	if err != nil {

@@ -859,7 +859,10 @@ func TestHinter_StoreRestart(t *testing.T) {
 		}
 		done := make(chan error, 1)
 		go func() {
-			_, err := b.Acquire(t.Context(), key)
+			// No retry budget: the waiter reports the outage at its
+			// first store error (by default it would retry until its ctx
+			// ends).
+			_, err := b.Acquire(t.Context(), key, dlock.WithRetryFor(0))
 			done <- err
 		}()
 		// b has found the key held and waits, subscribed to hints.

@@ -82,8 +82,19 @@
 // soon as a hint arrives instead of sleeping out its backoff. Hints are
 // only hints: Redis pub/sub is fire-and-forget, expiries publish nothing,
 // and a missed hint costs latency, never safety. It is not a driver.Waiter:
-// waiting is the root package's full-jitter backoff polling. It never sets
-// driver.Grant.Lost; loss is detected by renewal and the validity deadline.
+// waiting is the root package's full-jitter backoff polling.
+//
+// Loss: Redis cannot push loss (driver.Grant.Lost stays nil), but with
+// release hints on, the holder's driver subscribes to the key's channel
+// while it holds the grant and passes a message there on as
+// driver.Grant.Recheck, so that the root package renews at once. A force
+// release (dlock release --force) therefore ends the old holder's lease
+// within a round trip, not at its next renewal (up to a third of the TTL
+// later). The message is only a hint: a forged or stale one costs one
+// renewal, which succeeds, and the lease goes on. Expiry publishes
+// nothing; it is found by renewal and the validity deadline. The
+// subscription shares the driver's pub/sub connection, which stays open
+// while the driver holds a grant.
 //
 // # What Redis cannot promise
 //
@@ -145,6 +156,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/internal/urlparam"
 )
 
 // DefaultPrefix is the key prefix when Options.Prefix is empty.
@@ -175,9 +187,10 @@ type Options struct {
 	// locks must use the same prefix. Zero value: DefaultPrefix ("dlock").
 	Prefix string
 
-	// ReleaseHints makes Release publish a hint on the key's channel and
-	// makes the driver a working driver.Hinter, so waiters retry as soon as
-	// the key is released. It needs PUBLISH and SUBSCRIBE rights and one
+	// ReleaseHints makes Release and ForceRelease publish a hint on the
+	// key's channel and makes the driver a working driver.Hinter, so
+	// waiters retry as soon as the key is released, and a holder rechecks
+	// its grant at once when it is force-released (Grant.Recheck). It needs PUBLISH and SUBSCRIBE rights and one
 	// extra connection per driver while someone waits and for 30 s after
 	// (on a Ring, one per waited-on key, closed when its wait ends). Zero
 	// value: false, no hints (waiters poll with backoff only).
@@ -193,7 +206,12 @@ type Driver struct {
 	hints  bool
 	hub    *hub         // nil when hints are off or the client cannot subscribe
 	closer func() error // closes an owned client; nil otherwise
+	addr   string       // host:port when opened by URL, for errors
 	closed atomic.Bool
+
+	watchMu sync.Mutex
+	watches map[grantID]*grantWatch // recheck subscriptions of held grants
+	watchWG sync.WaitGroup
 }
 
 var (
@@ -212,7 +230,7 @@ func New(client Client, opts *Options) *Driver {
 	if o.Prefix == "" {
 		o.Prefix = DefaultPrefix
 	}
-	d := &Driver{client: client, ns: escape(o.Prefix), hints: o.ReleaseHints}
+	d := &Driver{client: client, ns: escape(o.Prefix), hints: o.ReleaseHints, watches: map[grantID]*grantWatch{}}
 	if sub, ok := client.(subscriber); ok && o.ReleaseHints {
 		_, ring := client.(*redis.Ring)
 		d.hub = newHub(sub, ring)
@@ -224,7 +242,7 @@ func New(client Client, opts *Options) *Driver {
 func Open(ctx context.Context, rawURL string) (*Driver, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("redisdriver: parse URL: %w", err)
+		return nil, urlparam.Wrap("redisdriver: parse URL", err)
 	}
 	return OpenURL(ctx, u)
 }
@@ -239,8 +257,19 @@ func Open(ctx context.Context, rawURL string) (*Driver, error) {
 // hints=false turns Options.ReleaseHints off (it is on by default here).
 // Command retries are off unless max_retries is given, a failed dial is not
 // retried within a call, and the context's deadline bounds every call.
+//
+// An invalid URL (another scheme, a port outside 1..65535, a bad database
+// number, an unknown or malformed parameter) and a server that refuses the
+// URL's credentials or database number return an error matching
+// driver.ErrInvalidArgument, never driver.ErrUnavailable.
 func OpenURL(ctx context.Context, u *url.URL) (*Driver, error) {
 	opts := Options{ReleaseHints: true}
+	if u.Scheme != "redis" && u.Scheme != "rediss" {
+		return nil, urlparam.Invalid("redisdriver: URL scheme %q, want redis or rediss", u.Scheme)
+	}
+	if err := urlparam.Port("redisdriver", u.Host); err != nil {
+		return nil, err
+	}
 	cu := *u
 	q := cu.Query()
 	if q.Has("prefix") {
@@ -250,7 +279,7 @@ func OpenURL(ctx context.Context, u *url.URL) (*Driver, error) {
 	if q.Has("hints") {
 		on, err := strconv.ParseBool(q.Get("hints"))
 		if err != nil {
-			return nil, fmt.Errorf("redisdriver: URL option hints=%q: %w", q.Get("hints"), err)
+			return nil, urlparam.Invalid("redisdriver: URL option hints=%q is not a boolean", q.Get("hints"))
 		}
 		opts.ReleaseHints = on
 		q.Del("hints")
@@ -258,7 +287,10 @@ func OpenURL(ctx context.Context, u *url.URL) (*Driver, error) {
 	cu.RawQuery = q.Encode()
 	ro, err := redis.ParseURL(cu.String())
 	if err != nil {
-		return nil, fmt.Errorf("redisdriver: %w", err)
+		return nil, urlparam.Wrap("redisdriver", err)
+	}
+	if ro.DB < 0 {
+		return nil, urlparam.Invalid("redisdriver: database number %d is negative", ro.DB)
 	}
 	// One attempt per call, dial included: the root package decides what to
 	// retry, with its own backoff.
@@ -270,10 +302,14 @@ func OpenURL(ctx context.Context, u *url.URL) (*Driver, error) {
 	client := redis.NewClient(ro)
 	if err := client.Ping(ctx).Err(); err != nil {
 		_ = client.Close()
+		if refused(err) {
+			return nil, urlparam.Wrap("redisdriver: redis at "+ro.Addr+" refused the connection's settings", err)
+		}
 		return nil, fmt.Errorf("redisdriver: ping %s: %w: %w", ro.Addr, driver.ErrUnavailable, err)
 	}
 	d := New(client, &opts)
 	d.closer = client.Close
+	d.addr = ro.Addr
 	return d, nil
 }
 
@@ -358,6 +394,9 @@ func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (dri
 	if err := d.checkOpen(); err != nil {
 		return driver.Grant{}, err
 	}
+	if err := driver.CheckRequest(req); err != nil {
+		return driver.Grant{}, fmt.Errorf("redisdriver: acquire: %w", err)
+	}
 	lock, fence, _ := d.keys(req.Key)
 	n, err := acquireScript.Run(ctx, d.client, []string{lock, fence, d.legacyFenceKey(req.Key)},
 		req.Owner, req.TTL.Milliseconds(), req.Holder).Int64()
@@ -367,7 +406,7 @@ func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (dri
 	if n <= 0 {
 		return driver.Grant{}, driver.ErrNotAcquired
 	}
-	return driver.Grant{Fence: uint64(n)}, nil
+	return driver.Grant{Fence: uint64(n), Recheck: d.watch(req.Key, req.Owner, req.TTL)}, nil
 }
 
 // Renew resets the expiry of owner's grant on key to ttl (rounded down to
@@ -377,14 +416,19 @@ func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration
 	if err := d.checkOpen(); err != nil {
 		return err
 	}
+	if err := driver.CheckGrant(key, owner, ttl); err != nil {
+		return fmt.Errorf("redisdriver: renew: %w", err)
+	}
 	lock, _, _ := d.keys(key)
 	n, err := renewScript.Run(ctx, d.client, []string{lock}, owner, ttl.Milliseconds()).Int64()
 	if err != nil {
 		return storeErr(ctx, "renew", err)
 	}
 	if n != 1 {
+		d.unwatch(key, owner)
 		return driver.ErrLeaseLost
 	}
+	d.renewed(key, owner, ttl)
 	return nil
 }
 
@@ -396,6 +440,12 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 	if err := d.checkOpen(); err != nil {
 		return err
 	}
+	if err := driver.CheckOwned(key, owner); err != nil {
+		return fmt.Errorf("redisdriver: release: %w", err)
+	}
+	// The grant's own recheck subscription ends first: the release hint
+	// published below is for waiters, not for this holder.
+	d.unwatch(key, owner)
 	lock, _, channel := d.keys(key)
 	if !d.hints {
 		channel = ""
@@ -420,6 +470,9 @@ func (d *Driver) Hint(ctx context.Context, key string) (<-chan struct{}, func(),
 	if err := d.checkOpen(); err != nil {
 		return nil, nil, err
 	}
+	if err := driver.CheckKey(key); err != nil {
+		return nil, nil, fmt.Errorf("redisdriver: hint: %w", err)
+	}
 	if d.hub == nil {
 		return nil, nil, fmt.Errorf("redisdriver: release hints are off or the client cannot subscribe: %w", errors.ErrUnsupported)
 	}
@@ -434,6 +487,9 @@ func (d *Driver) Hint(ctx context.Context, key string) (<-chan struct{}, func(),
 func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, error) {
 	if err := d.checkOpen(); err != nil {
 		return driver.HolderInfo{}, err
+	}
+	if err := driver.CheckKey(key); err != nil {
+		return driver.HolderInfo{}, fmt.Errorf("redisdriver: inspect: %w", err)
 	}
 	return d.inspect(ctx, d.client, key)
 }
@@ -609,6 +665,7 @@ func (d *Driver) Close() error {
 	if d.closed.Swap(true) {
 		return nil
 	}
+	d.stopWatches()
 	if d.hub != nil {
 		d.hub.close()
 	}
@@ -622,7 +679,14 @@ func (d *Driver) Close() error {
 // has passed (the socket deadline that go-redis derives from it can fire
 // before the context's own timer), the error also matches the context's
 // error, so callers see why the call stopped.
+//
+// A reply in which Redis refused the request itself (see refused) matches
+// driver.ErrInvalidArgument instead: retrying cannot help, and it must
+// never pass for an outage.
 func storeErr(ctx context.Context, op string, err error) error {
+	if refused(err) {
+		return urlparam.Wrap("redisdriver: "+op+": redis refused the request", err)
+	}
 	cerr := ctx.Err()
 	if cerr == nil {
 		if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
@@ -633,6 +697,39 @@ func storeErr(ctx context.Context, op string, err error) error {
 		return fmt.Errorf("redisdriver: %s: %w (%w)", op, cerr, err)
 	}
 	return fmt.Errorf("redisdriver: %s: %w", op, err)
+}
+
+// refusals are the prefixes of Redis error replies that refuse the request
+// or the connection's settings as such: retrying cannot help. Replies of a
+// server that is busy, loading, read-only, out of memory or failing over
+// (BUSY, LOADING, READONLY, OOM, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, "max
+// number of clients") are not among them: they are outages.
+var refusals = []string{
+	"WRONGPASS", "NOAUTH", "NOPERM",
+	"ERR DB index is out of range",
+	"ERR invalid DB index",
+	"ERR invalid expire time",
+	"ERR value is not an integer or out of range",
+	"ERR syntax error",
+	"ERR invalid password",
+	"ERR AUTH",
+	"ERR Client sent AUTH, but no password is set",
+}
+
+// refused reports whether err is a Redis error reply that refuses the
+// request as invalid (see refusals).
+func refused(err error) bool {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	msg := rerr.Error()
+	for _, p := range refusals {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
 }
 
 func (d *Driver) checkOpen() error {

@@ -1,14 +1,105 @@
 // Package urlparam parses the parts of store URLs that several drivers
-// share: a comma-separated host list and positive-duration query
-// parameters.
+// share: a comma-separated host list, ports, known parameters and
+// positive-duration query parameters. Every error it returns matches
+// driver.ErrInvalidArgument: a bad URL is the caller's input, never an
+// outage.
 package urlparam
 
 import (
+	"errors"
 	"fmt"
+	"net"
 	"net/url"
+	"slices"
+	"sort"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/dlock-dev/dlock/driver"
 )
+
+// Invalid returns an error matching driver.ErrInvalidArgument whose text is
+// the formatted message (the sentinel's own text is not repeated).
+func Invalid(format string, a ...any) error {
+	err := fmt.Errorf(format, a...)
+	return &invalid{msg: err.Error(), err: err}
+}
+
+// Wrap returns err marked as invalid input: an error matching
+// driver.ErrInvalidArgument and err, with err's text prefixed by prefix
+// (when not empty, followed by ": "). It returns nil for a nil err.
+func Wrap(prefix string, err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	if prefix != "" {
+		msg = prefix + ": " + msg
+	}
+	return &invalid{msg: msg, err: err}
+}
+
+type invalid struct {
+	msg string
+	err error
+}
+
+func (e *invalid) Error() string { return e.msg }
+func (e *invalid) Unwrap() []error {
+	return []error{driver.ErrInvalidArgument, e.err}
+}
+
+// Port checks the port of one "host:port" address (or a bare host, which
+// has none): when present it must be a decimal number in 1..65535. what
+// names the URL's scheme or driver in the error.
+func Port(what, hostport string) error {
+	_, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		var aerr *net.AddrError
+		if errors.As(err, &aerr) && aerr.Err == "missing port in address" {
+			return nil
+		}
+		return Invalid("%s: address %q: %v", what, hostport, err)
+	}
+	if port == "" {
+		return nil
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 1 || n > 65535 {
+		return Invalid("%s: address %q: port %q is not a number in 1..65535", what, hostport, port)
+	}
+	return nil
+}
+
+// Ports checks every address of a comma-separated host list, as Port does.
+func Ports(what, host string) error {
+	for _, h := range Hosts(host) {
+		if err := Port(what, h); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Known returns an error naming the first query parameter of q that is not
+// in known (and the known ones), or nil.
+func Known(what string, q url.Values, known ...string) error {
+	var unknown []string
+	for name := range q {
+		if !slices.Contains(known, name) {
+			unknown = append(unknown, name)
+		}
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	sort.Strings(unknown)
+	if len(known) == 0 {
+		return Invalid("%s: unknown URL parameter %q (it takes none)", what, unknown[0])
+	}
+	return Invalid("%s: unknown URL parameter %q (known: %s)", what, unknown[0], strings.Join(known, ", "))
+}
 
 // Hosts splits a URL host of the form "h1:p1,h2:p2,…" into its non-empty,
 // trimmed entries.
@@ -33,7 +124,7 @@ func Durations(q url.Values, params map[string]*time.Duration) error {
 		}
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 {
-			return fmt.Errorf("URL parameter %s=%q is not a positive duration", name, v)
+			return Invalid("URL parameter %s=%q is not a positive duration", name, v)
 		}
 		*dst = d
 	}
