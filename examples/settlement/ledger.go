@@ -8,7 +8,7 @@ import (
 	"net/url"
 	"strings"
 
-	dlockfence "github.com/dlock-dev/dlock/fence"
+	"github.com/dlock-dev/dlock/fence/fencesql"
 	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 	_ "modernc.org/sqlite"             // database/sql driver "sqlite"
@@ -16,7 +16,7 @@ import (
 
 // fences is the per-resource fence table: one row per (merchant, date) with
 // the greatest fence that has written it.
-var fences = dlockfence.Table{Name: "settlement_fences"}
+var fences = fencesql.Table{Name: "settlement_fences"}
 
 // errDuplicate: the (merchant, date) unique constraint refused a second
 // settlement — the second line of defence behind the fence.
@@ -92,7 +92,7 @@ func writeSettlement(ctx context.Context, db *sql.DB, merchant, date string, amo
 		return err
 	}
 	defer tx.Rollback()
-	if err := fences.Advance(ctx, dlockfence.SQL(tx), "settlement:"+merchant+":"+date, fence); err != nil {
+	if err := fences.Advance(ctx, fencesql.SQL(tx), "settlement:"+merchant+":"+date, fence); err != nil {
 		return err
 	}
 	_, err = tx.ExecContext(ctx,
