@@ -58,7 +58,10 @@ func (l *Locker) acquire(ctx context.Context, key string, wait bool, o options) 
 		sent := time.Now()
 		var g driver.Grant
 		var err error
-		if wait && canWait {
+		// During an outage the store is probed with TryAcquire, bounded by
+		// the op timeout, rather than queued on: a queue entry on a store
+		// that is failing would have to be cancelled on it when ctx ends.
+		if wait && canWait && outage.IsZero() {
 			g, err = waiter.Wait(driver.WithOpTimeout(actx, o.opTimeout), req)
 			if err == nil && time.Since(sent) >= o.effectiveHeartbeat() {
 				// The grant came by notification some time after the
@@ -77,10 +80,14 @@ func (l *Locker) acquire(ctx context.Context, key string, wait bool, o options) 
 			return l.newLease(req, g, sent, o)
 		}
 		if errors.Is(err, ErrNotAcquired) && ctxEnded(actx) == nil {
+			afterOutage := !outage.IsZero()
 			outage, tries, lastErr = time.Time{}, 0, nil // the store answered
 			contended++
 			if !wait {
 				return nil, l.wrap("acquire", key, err)
+			}
+			if afterOutage && canWait {
+				continue // queue on the store again at once
 			}
 			if hints == nil {
 				hints = l.subscribeHints(actx, key)
@@ -229,10 +236,20 @@ func (l *Locker) cleanupNow(req driver.AcquireRequest, o options) {
 // cleanup releases, in the background, any grant the owner token may hold
 // after an acquisition that failed in an ambiguous way, so that the caller
 // gets its error without waiting another round trip of a store that may be
-// down. Owner tokens are unique per acquisition, so this can never touch
-// another holder's grant. Close waits for pending cleanups.
+// down. Owner tokens are unique per attempt, so this can never touch
+// another holder's grant, nor a later attempt's. Close waits for pending
+// cleanups.
 func (l *Locker) cleanup(req driver.AcquireRequest, o options) {
-	l.cleanups.Add(1)
+	l.mu.Lock()
+	if l.closed {
+		// Close may already be waiting for the cleanups: release here
+		// (best effort; the driver may be closing too).
+		l.mu.Unlock()
+		l.cleanupNow(req, o)
+		return
+	}
+	l.cleanups.Add(1) // under l.mu, so never concurrently with Close's Wait
+	l.mu.Unlock()
 	go func() {
 		defer l.cleanups.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), o.opTimeout)
