@@ -340,7 +340,7 @@ func (l *Locker) List(ctx context.Context, prefix string) ([]HolderInfo, error) 
 // next grant still gets a greater fence, so a holder that was in fact alive
 // is fenced out at the resource. reason is required: it is passed to the
 // store (dlockd logs it too) and logged with the removed grant through
-// log/slog. Errors: ErrInvalidKey; a plain error when reason is blank;
+// log/slog. Errors: ErrInvalidKey; ErrInvalidArgument when reason is blank;
 // ErrNotAcquired when key is free; ErrUnsupported when the store has no
 // override (see each driver's docs); ErrUnavailable.
 func (l *Locker) ForceRelease(ctx context.Context, key, reason string) (HolderInfo, error) {
@@ -348,7 +348,7 @@ func (l *Locker) ForceRelease(ctx context.Context, key, reason string) (HolderIn
 		return HolderInfo{}, l.wrap("force-release", key, err)
 	}
 	if strings.TrimSpace(reason) == "" {
-		return HolderInfo{}, l.wrap("force-release", key, errors.New("a reason is required"))
+		return HolderInfo{}, l.wrap("force-release", key, fmt.Errorf("%w: a reason is required", ErrInvalidArgument))
 	}
 	fr, ok := l.drv.(driver.ForceReleaser)
 	if !ok {

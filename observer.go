@@ -11,7 +11,9 @@ type Observer interface {
 	// AcquireDone reports one finished Acquire, TryAcquire or AcquireAll
 	// member: how long it took, its result ("acquired", "not_acquired",
 	// "unavailable", "canceled", "invalid", "closed", "degraded") and how
-	// many attempts found the key held (contention).
+	// many attempts found the key held (contention). An acquisition whose
+	// ctx ended while it retried a store outage is "unavailable"; invalid
+	// input (ErrInvalidArgument) is "invalid".
 	AcquireDone(e AcquireEvent)
 	// Renewed reports a confirmed renewal and the validity margin that was
 	// left when it was confirmed (the early warning that the TTL is too

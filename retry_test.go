@@ -525,3 +525,14 @@ func TestAcquire_CanceledDuringAnOutageIsNotRetried(t *testing.T) {
 		}
 	})
 }
+
+func TestForceRelease_BlankReasonIsInvalidArgument(t *testing.T) {
+	l := dlock.New(memdriver.New(memdriver.NewStore()))
+	defer l.Close()
+	for _, reason := range []string{"", "  \t"} {
+		_, err := l.ForceRelease(t.Context(), "k", reason)
+		if !errors.Is(err, dlock.ErrInvalidArgument) || errors.Is(err, dlock.ErrUnavailable) {
+			t.Fatalf("ForceRelease(reason %q) = %v, want ErrInvalidArgument", reason, err)
+		}
+	}
+}
