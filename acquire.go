@@ -61,7 +61,8 @@ func (l *Locker) acquire(ctx context.Context, key string, wait bool, o options) 
 		// During an outage the store is probed with TryAcquire, bounded by
 		// the op timeout, rather than queued on: a queue entry on a store
 		// that is failing would have to be cancelled on it when ctx ends.
-		if wait && canWait && outage.IsZero() {
+		waited := wait && canWait && outage.IsZero()
+		if waited {
 			g, err = waiter.Wait(driver.WithOpTimeout(actx, o.opTimeout), req)
 			if err == nil && time.Since(sent) >= o.effectiveHeartbeat() {
 				// The grant came by notification some time after the
@@ -107,7 +108,7 @@ func (l *Locker) acquire(ctx context.Context, key string, wait bool, o options) 
 		ended := ctxEnded(actx)
 		closing := context.Cause(actx) == ErrClosed && ctx.Err() == nil
 		switch {
-		case ended != nil && closing && wait && canWait:
+		case ended != nil && closing && waited:
 			// The Locker is closing: the driver's Wait has removed what it
 			// left on the store before returning (its contract), within its
 			// own bound; a second release would make the pending call wait
