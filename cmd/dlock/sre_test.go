@@ -748,3 +748,43 @@ func TestBench_CleansUpRedis(t *testing.T) {
 		t.Fatalf("bench left %d keys behind (first: %q)", c.DBSize(ctx).Val()-1, keys)
 	}
 }
+
+// A --reason the store would refuse is a usage error (64), checked before
+// the store is asked, and the grant stays.
+func TestRelease_InvalidReasonIs64(t *testing.T) {
+	eachStore(t, func(t *testing.T, store string) {
+		startHolder(t, store, "reason:key")
+		for _, reason := range []string{strings.Repeat("r", 1025), "line one\nforged log line", "   "} {
+			res := dlock(t, store, "release", "--force", "reason:key", "--reason", reason)
+			wantCode(t, res, 64)
+		}
+		wantCode(t, dlock(t, store, "run", "reason:key", "--", "true"), 75)
+		wantCode(t, dlock(t, store, "release", "--force", "reason:key", "--reason", strings.Repeat("r", 1024)), 0)
+	})
+}
+
+// SIGTERM while dlock run retries a store that is down ends it at once with
+// 128+15; the command never runs.
+func TestRun_SignalDuringRetryIs143(t *testing.T) {
+	marker := filepath.Join(t.TempDir(), "ran")
+	dead := fmt.Sprintf("redis://127.0.0.1:%d", testservers.FreePort(t))
+	cmd := command(dead, "run", "--retry-for", "60s", "sig:retry", "--", "touch", marker)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	time.Sleep(time.Second)
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 143 {
+			t.Fatalf("SIGTERM during the retry: %v, want exit 143", err)
+		}
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatal("dlock run still retrying 10s after SIGTERM")
+	}
+	mustNotExist(t, marker, "after SIGTERM")
+}

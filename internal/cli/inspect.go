@@ -8,11 +8,15 @@ import (
 	"text/tabwriter"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
 	"github.com/dlock-dev/dlock"
 )
+
+// MaxReasonBytes bounds release --force --reason, as dlockd does.
+const MaxReasonBytes = 1024
 
 // holderJSON is the JSON shape of a grant in status, list and release.
 type holderJSON struct {
@@ -170,8 +174,8 @@ run exits 70) and the next waiter is granted.
 Exit status:
   0    the grant was removed
   1    KEY is not held
-  64   bad flags or arguments (--force or --reason missing, a reason the
-       store refuses)
+  64   bad flags or arguments (--force or --reason missing, a reason over
+       1024 bytes or with control characters)
   69   the store could not be reached
   78   the store has no force release: only dlockd, Redis and mem have one
        (etcd, ZooKeeper, PostgreSQL and Redlock do not); wait out the TTL`,
@@ -184,6 +188,9 @@ Exit status:
 			}
 			if strings.TrimSpace(reason) == "" {
 				return exit(ExitUsage, "release --force needs --reason TEXT (it is logged)")
+			}
+			if len(reason) > MaxReasonBytes || !utf8.ValidString(reason) || strings.IndexFunc(reason, unicode.IsControl) >= 0 {
+				return exit(ExitUsage, "--reason must be at most %d bytes of UTF-8 without control characters (it is logged), got %d bytes", MaxReasonBytes, len(reason))
 			}
 			l, err := g.open(cmd.Context())
 			if err != nil {

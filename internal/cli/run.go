@@ -320,7 +320,40 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 	// command when the validity deadline passes unrenewed.
 	renewed := &renewObserver{}
 	opts = append(opts, dlock.WithObserver(renewed))
-	locker, err := g.openRetrying(ctx, retried)
+
+	// From here on SIGINT, SIGTERM and SIGHUP never kill dlock: before the
+	// command runs they end the store calls and the wait (exit 128+N); once
+	// it runs they are forwarded to it.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+	actx, acancel := context.WithCancelCause(ctx)
+	defer acancel(nil)
+	stopWatch, watchDone := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		select {
+		case s := <-sigs:
+			acancel(interrupted{s.(syscall.Signal)})
+		case <-stopWatch:
+		}
+	}()
+	endWatch := func() error {
+		close(stopWatch)
+		<-watchDone
+		var intr interrupted
+		if errors.As(context.Cause(actx), &intr) {
+			return intr
+		}
+		return nil
+	}
+	locker, err := g.openRetrying(actx, retried)
+	if intr := endWatch(); intr != nil {
+		if locker != nil {
+			_ = locker.Close()
+		}
+		return report(128+int(intr.(interrupted).sig), "interrupted", intr)
+	}
 	var lease *dlock.Lease
 	permit := -1
 	var ee *exitError
@@ -333,7 +366,20 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 		return report(ExitUnavailable, "unavailable", err)
 	default:
 		defer locker.Close()
-		lease, permit, err = acquire(ctx, locker, f, key, opts)
+		stopWatch, watchDone = make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(watchDone)
+			select {
+			case s := <-sigs:
+				acancel(interrupted{s.(syscall.Signal)})
+			case <-stopWatch:
+			}
+		}()
+		lease, permit, err = acquire(actx, locker, f, key, opts)
+		if intr := endWatch(); intr != nil {
+			_ = releaseLease(lease)
+			return report(128+int(intr.(interrupted).sig), "interrupted", fmt.Errorf("%w: not run", intr))
+		}
 		switch {
 		case err == nil && lease.Degraded():
 			fmt.Fprintf(g.stderr, "dlock: store unavailable, running %q WITHOUT a lock (--fail-open)\n", key)
@@ -367,11 +413,9 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 	if permit >= 0 {
 		leaseKey = PermitKey(key, permit)
 	}
-	// Forward SIGINT, SIGTERM and SIGHUP to the command's group; dlock
-	// itself keeps running until the command ends, then releases.
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(sigs)
+	// SIGINT, SIGTERM and SIGHUP (on sigs) are forwarded to the command's
+	// group; dlock itself keeps running until the command ends, then
+	// releases.
 
 	cfg := supervise.Config{
 		Argv: argv, Env: env, Stdin: g.stdin, Stdout: g.stdout, Stderr: g.stderr,
@@ -512,20 +556,9 @@ func acquire(ctx context.Context, l *dlock.Locker, f *runFlags, key string, opts
 		ctx, cancel = context.WithTimeout(ctx, f.waitTimeout)
 		defer cancel()
 	}
-	// While waiting, SIGINT or SIGTERM ends the wait; dlock then exits
-	// 128+N, as the shell reports a command killed by signal N.
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	defer signal.Stop(sigs)
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	go func() {
-		select {
-		case s := <-sigs:
-			cancel(interrupted{s.(syscall.Signal)})
-		case <-ctx.Done():
-		}
-	}()
+	// A signal cancels ctx with cause interrupted (see runUnderLease);
+	// dlock then exits 128+N, as the shell reports a command killed by
+	// signal N.
 	var lease *dlock.Lease
 	permit := -1
 	var err error
