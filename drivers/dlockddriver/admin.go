@@ -19,6 +19,9 @@ import (
 // stores the greatest fence it has seen: the answer can be stale by the time
 // the caller acts on it.
 func (d *Driver) CheckFence(ctx context.Context, key string, fence uint64) (bool, error) {
+	if err := driver.CheckKey(key); err != nil {
+		return false, fmt.Errorf("dlockd: checkfence: %w", err)
+	}
 	if d.isClosed() {
 		return false, driver.ErrClosed
 	}
@@ -31,6 +34,9 @@ func (d *Driver) CheckFence(ctx context.Context, key string, fence uint64) (bool
 
 // Inspect implements driver.Inspector.
 func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, error) {
+	if err := driver.CheckKey(key); err != nil {
+		return driver.HolderInfo{}, fmt.Errorf("dlockd: inspect: %w", err)
+	}
 	if d.isClosed() {
 		return driver.HolderInfo{}, driver.ErrClosed
 	}
@@ -97,6 +103,9 @@ func holderInfo(h *dlockv1.HolderInfo) driver.HolderInfo {
 // the RPC, a plain error when reason is empty, and the connection's error
 // otherwise (dlock.ErrUnavailable at the root).
 func (d *Driver) ForceRelease(ctx context.Context, key, reason string) (driver.HolderInfo, error) {
+	if err := driver.CheckKey(key); err != nil {
+		return driver.HolderInfo{}, fmt.Errorf("dlockd: forcerelease: %w", err)
+	}
 	if d.isClosed() {
 		return driver.HolderInfo{}, driver.ErrClosed
 	}

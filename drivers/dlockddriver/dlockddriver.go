@@ -63,7 +63,6 @@ import (
 	"math"
 	"net"
 	"net/url"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -78,6 +77,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/internal/urlparam"
 	dlockv1 "github.com/dlock-dev/dlock/proto/dlock/v1"
 )
 
@@ -118,13 +118,14 @@ type Options struct {
 	ListPageSize int
 }
 
-// check reports a configuration error in o, never an outage.
+// check reports a configuration error in o (matching
+// driver.ErrInvalidArgument), never an outage.
 func (o *Options) check() error {
 	if o.LockDelay < 0 {
-		return fmt.Errorf("dlockd: lock delay %v is negative", o.LockDelay)
+		return urlparam.Invalid("dlockd: lock delay %v is negative", o.LockDelay)
 	}
 	if o.ListPageSize < 0 || int64(o.ListPageSize) > math.MaxUint32 {
-		return fmt.Errorf("dlockd: list page size %d is outside [0, %d]", o.ListPageSize, uint32(math.MaxUint32))
+		return urlparam.Invalid("dlockd: list page size %d is outside [0, %d]", o.ListPageSize, uint32(math.MaxUint32))
 	}
 	return nil
 }
@@ -166,26 +167,34 @@ var urlParams = []string{"lock_delay"}
 // Open opens a Driver for a dlockd://host:port[?lock_delay=DURATION] URL
 // (port 7450 when missing, host 127.0.0.1 when empty; see the package
 // documentation). The connection is made lazily: Open does not fail when
-// the server is down. It returns an error (a configuration error, never
-// driver.ErrUnavailable) for another scheme, an unknown query parameter, or
-// a lock_delay that is not a duration or is negative.
+// the server is down. It returns an error matching driver.ErrInvalidArgument
+// (never driver.ErrUnavailable) for another scheme, a port outside
+// 1..65535, more than one host, a user or path, an unknown query parameter,
+// or a lock_delay that is not a duration or is negative.
 func Open(ctx context.Context, u *url.URL) (*Driver, error) {
 	if u.Scheme != Scheme {
-		return nil, fmt.Errorf("dlockd: URL scheme %q, want %q", u.Scheme, Scheme)
+		return nil, urlparam.Invalid("dlockd: URL scheme %q, want %q", u.Scheme, Scheme)
 	}
 	opts := &Options{}
 	q := u.Query()
-	for name := range q {
-		if !slices.Contains(urlParams, name) {
-			return nil, fmt.Errorf("dlockd: unknown URL parameter %q (known: %s)", name, strings.Join(urlParams, ", "))
-		}
+	if err := urlparam.Known("dlockd", q, urlParams...); err != nil {
+		return nil, err
 	}
 	if v := q.Get("lock_delay"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d < 0 {
-			return nil, fmt.Errorf("dlockd: URL parameter lock_delay=%q is not a duration of 0 or more", v)
+			return nil, urlparam.Invalid("dlockd: URL parameter lock_delay=%q is not a duration of 0 or more", v)
 		}
 		opts.LockDelay = d
+	}
+	if strings.Contains(u.Host, ",") {
+		return nil, urlparam.Invalid("dlockd: URL host %q names more than one server; name one", u.Host)
+	}
+	if err := urlparam.Port("dlockd", u.Host); err != nil {
+		return nil, err
+	}
+	if u.User != nil || (u.Path != "" && u.Path != "/") {
+		return nil, urlparam.Invalid("dlockd: URL %q: want dlockd://host:port[?lock_delay=DURATION], without user or path", u.Redacted())
 	}
 	host, port := u.Hostname(), u.Port()
 	if host == "" {
@@ -220,9 +229,12 @@ func Dial(target string, opts *Options) (*Driver, error) {
 		grpc.WithInitialWindowSize(1 << 20),
 		grpc.WithInitialConnWindowSize(1 << 20),
 	}
+	if err := urlparam.Port("dlockd", target); err != nil {
+		return nil, err
+	}
 	cc, err := grpc.NewClient("passthrough:///"+target, append(dopts, opts.DialOptions...)...)
 	if err != nil {
-		return nil, fmt.Errorf("dlockd: dial %s: %w", target, err)
+		return nil, urlparam.Wrap("dlockd: dial "+target, err)
 	}
 	d := newDriver(cc, opts)
 	d.cc = cc
@@ -300,6 +312,9 @@ func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (dri
 	if d.isClosed() {
 		return driver.Grant{}, driver.ErrClosed
 	}
+	if err := driver.CheckRequest(req); err != nil {
+		return driver.Grant{}, fmt.Errorf("dlockd: acquire: %w", err)
+	}
 	areq := d.acquireReq(req, false)
 	sresp, err := d.invoke(ctx, &dlockv1.SessionRequest{Call: &dlockv1.SessionRequest_Acquire{Acquire: areq}})
 	if err == nil {
@@ -330,6 +345,9 @@ func (d *Driver) acquireReq(req driver.AcquireRequest, wait bool) *dlockv1.Acqui
 
 // Renew implements driver.Driver.
 func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration) error {
+	if err := driver.CheckGrant(key, owner, ttl); err != nil {
+		return fmt.Errorf("dlockd: renew: %w", err)
+	}
 	errs, err := d.RenewBatch(ctx, []RenewItem{{Key: key, Owner: owner, TTL: ttl}})
 	if err != nil {
 		return err
@@ -386,6 +404,9 @@ func (d *Driver) RenewBatch(ctx context.Context, items []RenewItem) ([]error, er
 			errs[i] = fmt.Errorf("dlockd: renew %q: %w", it.Key, driver.ErrInvalidKey)
 		case r.GetReason() == "INVALID_TTL":
 			errs[i] = fmt.Errorf("dlockd: renew %q: %w: %v", it.Key, driver.ErrInvalidTTL, it.TTL)
+		case strings.HasPrefix(r.GetReason(), "INVALID_"):
+			// INVALID_OWNER, INVALID_REQUEST: refused as invalid, not lost.
+			errs[i] = fmt.Errorf("dlockd: renew %q: %w: the server refused it (%s)", it.Key, driver.ErrInvalidArgument, r.GetReason())
 		default:
 			errs[i] = fmt.Errorf("dlockd: renew %q: %w", it.Key, d.leaseLost(it.Key, it.Owner))
 			d.forget(it.Key, it.Owner)
@@ -408,6 +429,9 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 	if d.isClosed() {
 		return driver.ErrClosed
 	}
+	if err := driver.CheckOwned(key, owner); err != nil {
+		return fmt.Errorf("dlockd: release: %w", err)
+	}
 	rreq := &dlockv1.ReleaseRequest{Key: key, Owner: owner}
 	_, err := d.invoke(ctx, &dlockv1.SessionRequest{Call: &dlockv1.SessionRequest_Release{Release: rreq}})
 	if err == errNoStream {
@@ -428,9 +452,39 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 // mapErr turns a gRPC error into the driver's: the contract's sentinels for
 // the server's answers, a plain error (ErrUnavailable at the root) for the
 // rest, and ctx's error joined when ctx ended.
+//
+// The server's answers map as follows (its reason, after the code, where it
+// matters):
+//
+//   - FailedPrecondition (LOCK_HELD): driver.ErrNotAcquired.
+//   - NotFound (LEASE_LOST, NOT_HELD): driver.ErrLeaseLost.
+//   - InvalidArgument: INVALID_KEY is driver.ErrInvalidKey, INVALID_TTL
+//     driver.ErrInvalidTTL, an invalid holder driver.ErrInvalidHolder, any
+//     other (INVALID_OWNER, INVALID_REQUEST) driver.ErrInvalidArgument.
+//   - OutOfRange, AlreadyExists (DUPLICATE_WAIT: the owner token already
+//     waits), ResourceExhausted with REQUEST_TOO_LARGE or a message over
+//     gRPC's size limit, PermissionDenied and Unauthenticated: the request
+//     itself was refused, so driver.ErrInvalidArgument; retrying cannot
+//     help.
+//   - Everything else is a plain error, reported by the root package as
+//     ErrUnavailable: Unavailable (connection failures, NOT_LEADER,
+//     SHUTTING_DOWN: transient, the root retries them), DeadlineExceeded,
+//     ResourceExhausted for the server's capacity (TOO_MANY_WAITERS,
+//     TOO_MANY_LEASES, TOO_MANY_STREAMS, ...), Internal, Unknown.
+//
+// The root package adds the operation, key and store URL, so the error says
+// only what the server answered, in its own words, without gRPC's
+// "rpc error: code = ... desc =" wrapping.
 func mapErr(ctx context.Context, op, key string, err error) error {
-	st, _ := status.FromError(err)
+	st, ok := status.FromError(err)
+	if !ok {
+		st = status.FromContextError(err)
+	}
 	msg := st.Message()
+	reason := ""
+	if i := strings.LastIndex(msg, " ("); i >= 0 && strings.HasSuffix(msg, ")") {
+		reason = msg[i+2 : len(msg)-1]
+	}
 	var sentinel error
 	switch st.Code() {
 	case codes.FailedPrecondition:
@@ -439,20 +493,30 @@ func mapErr(ctx context.Context, op, key string, err error) error {
 		sentinel = driver.ErrLeaseLost
 	case codes.InvalidArgument:
 		switch {
-		case strings.HasSuffix(msg, "(INVALID_KEY)"):
+		case reason == "INVALID_KEY":
 			sentinel = driver.ErrInvalidKey
-		case strings.HasSuffix(msg, "(INVALID_TTL)"):
+		case reason == "INVALID_TTL":
 			sentinel = driver.ErrInvalidTTL
+		case strings.Contains(msg, "invalid holder"):
+			sentinel = driver.ErrInvalidHolder
+		default:
+			sentinel = driver.ErrInvalidArgument
+		}
+	case codes.OutOfRange, codes.AlreadyExists, codes.PermissionDenied, codes.Unauthenticated:
+		sentinel = driver.ErrInvalidArgument
+	case codes.ResourceExhausted:
+		if reason == "REQUEST_TOO_LARGE" || strings.Contains(msg, "larger than max") {
+			sentinel = driver.ErrInvalidArgument
 		}
 	}
 	switch {
 	case sentinel == driver.ErrNotAcquired || sentinel == driver.ErrLeaseLost:
 		return sentinel // the root package adds the operation, key and store
 	case sentinel != nil: // keep the server's detail (which limit)
-		return fmt.Errorf("dlockd: %s %q: %w (server: %s)", op, key, sentinel, msg)
+		return fmt.Errorf("%w: the server refused the %s: %s", sentinel, op, strings.TrimPrefix(msg, "dlockd: "))
 	}
 	if ctx.Err() != nil {
-		return fmt.Errorf("dlockd: %s %q: %w (%w)", op, key, ctx.Err(), err)
+		return fmt.Errorf("dlockd %s: %w (%s: %s)", op, ctx.Err(), st.Code(), msg)
 	}
-	return fmt.Errorf("dlockd: %s %q: %w", op, key, err)
+	return fmt.Errorf("dlockd %s: %s: %s", op, st.Code(), msg)
 }

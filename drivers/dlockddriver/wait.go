@@ -37,6 +37,9 @@ import (
 // it does only while the window is open and the owner token still holds the
 // key: a grant already passed to the next waiter is never returned.
 func (d *Driver) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	if err := driver.CheckRequest(req); err != nil {
+		return driver.Grant{}, fmt.Errorf("dlockd: wait: %w", err)
+	}
 	for {
 		if d.isClosed() {
 			return driver.Grant{}, driver.ErrClosed

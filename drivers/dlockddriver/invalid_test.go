@@ -1,0 +1,148 @@
+package dlockddriver_test
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/drivers/dlockddriver"
+	"github.com/dlock-dev/dlock/server/servertest"
+)
+
+// TestServerRefusalsAreInvalidArgument: requests that pass the driver's
+// own checks but that a real dlockd with stricter limits refuses (a key
+// longer than its MaxKeyBytes, a TTL beyond its MaxTTL or under its MinTTL,
+// an owner token shorter than its 8 bytes, a renew batch over its limit)
+// come back matching driver.ErrInvalidArgument (and the specific sentinel),
+// never driver.ErrUnavailable, through every call; through the root
+// package, WithFailOpen does not turn them into a degraded lease.
+func TestServerRefusalsAreInvalidArgument(t *testing.T) {
+	cfg := servertest.Config(t, t.TempDir())
+	cfg.MaxKeyBytes = 64
+	cfg.MinTTL = time.Second
+	cfg.MaxTTL = time.Hour
+	cfg.MaxRenewBatch = 2
+	srv := servertest.StartEmbedded(t, cfg)
+	u, _ := url.Parse("dlockd://" + srv.Addr())
+	d, err := dlockddriver.Open(t.Context(), u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	const owner = "owner-a-0000"
+	long := strings.Repeat("k", 100)
+	req := func(k, o string, ttl time.Duration) driver.AcquireRequest {
+		return driver.AcquireRequest{Key: k, Owner: o, TTL: ttl}
+	}
+	type call struct {
+		name string
+		want error
+		fn   func(ctx context.Context) error
+	}
+	calls := []call{
+		{"TryAcquire 100-byte key", driver.ErrInvalidKey, func(ctx context.Context) error {
+			_, err := d.TryAcquire(ctx, req(long, owner, 10*time.Second))
+			return err
+		}},
+		{"Wait 100-byte key", driver.ErrInvalidKey, func(ctx context.Context) error { _, err := d.Wait(ctx, req(long, owner, 10*time.Second)); return err }},
+		{"Renew 100-byte key", driver.ErrInvalidKey, func(ctx context.Context) error { return d.Renew(ctx, long, owner, 10*time.Second) }},
+		{"Release 100-byte key", driver.ErrInvalidKey, func(ctx context.Context) error { return d.Release(ctx, long, owner) }},
+		{"Inspect 100-byte key", driver.ErrInvalidKey, func(ctx context.Context) error { _, err := d.Inspect(ctx, long); return err }},
+		{"ForceRelease 100-byte key", driver.ErrInvalidKey, func(ctx context.Context) error { _, err := d.ForceRelease(ctx, long, "test"); return err }},
+		{"TryAcquire TTL 2h", driver.ErrInvalidTTL, func(ctx context.Context) error { _, err := d.TryAcquire(ctx, req("k", owner, 2*time.Hour)); return err }},
+		{"TryAcquire TTL 500ms", driver.ErrInvalidTTL, func(ctx context.Context) error {
+			_, err := d.TryAcquire(ctx, req("k", owner, 500*time.Millisecond))
+			return err
+		}},
+		{"Wait TTL 2h", driver.ErrInvalidTTL, func(ctx context.Context) error { _, err := d.Wait(ctx, req("k", owner, 2*time.Hour)); return err }},
+		{"TryAcquire 3-byte owner", driver.ErrInvalidArgument, func(ctx context.Context) error {
+			_, err := d.TryAcquire(ctx, req("k", "abc", 10*time.Second))
+			return err
+		}},
+		{"Wait 3-byte owner", driver.ErrInvalidArgument, func(ctx context.Context) error { _, err := d.Wait(ctx, req("k", "abc", 10*time.Second)); return err }},
+		{"Renew 3-byte owner", driver.ErrInvalidArgument, func(ctx context.Context) error { return d.Renew(ctx, "k", "abc", 10*time.Second) }},
+		{"Release 3-byte owner", driver.ErrInvalidArgument, func(ctx context.Context) error { return d.Release(ctx, "k", "abc") }},
+		{"RenewBatch over the server's limit", driver.ErrInvalidArgument, func(ctx context.Context) error {
+			_, err := d.RenewBatch(ctx, []dlockddriver.RenewItem{{Key: "a", Owner: owner}, {Key: "b", Owner: owner}, {Key: "c", Owner: owner}})
+			return err
+		}},
+	}
+	for _, c := range calls {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		err := c.fn(driver.WithOpTimeout(ctx, 2*time.Second))
+		cancel()
+		if !errors.Is(err, c.want) || !errors.Is(err, driver.ErrInvalidArgument) || errors.Is(err, driver.ErrUnavailable) {
+			t.Errorf("%s = %v; want %v, not ErrUnavailable", c.name, err, c.want)
+		}
+		if err != nil && (strings.Contains(err.Error(), "rpc error") || strings.Contains(err.Error(), "\n")) {
+			t.Errorf("%s: %q: want one line in plain words", c.name, err)
+		}
+	}
+	// Through the root package, with WithFailOpen: an error, never a
+	// degraded lease.
+	l := dlock.New(d, dlock.WithStoreName("dlockd"))
+	for name, opts := range map[string][]dlock.Option{
+		"TTL 2h":    {dlock.WithTTL(2 * time.Hour)},
+		"long key":  nil,
+		"TTL 500ms": {dlock.WithTTL(500 * time.Millisecond), dlock.WithHeartbeat(100 * time.Millisecond)},
+	} {
+		k := "root"
+		if name == "long key" {
+			k = long
+		}
+		ls, err := l.TryAcquire(t.Context(), k, append(opts, dlock.WithFailOpen())...)
+		if err == nil {
+			t.Errorf("%s: a lease (degraded %v)", name, ls.Degraded())
+			_ = ls.Release(t.Context())
+			continue
+		}
+		if !errors.Is(err, dlock.ErrInvalidArgument) || errors.Is(err, dlock.ErrUnavailable) {
+			t.Errorf("%s with WithFailOpen = %v; want ErrInvalidArgument, not ErrUnavailable", name, err)
+		}
+	}
+}
+
+// TestOpen_InvalidURLIsInvalidArgument: URLs the driver refuses match
+// driver.ErrInvalidArgument, never driver.ErrUnavailable.
+func TestOpen_InvalidURLIsInvalidArgument(t *testing.T) {
+	for _, raw := range []string{
+		"dlockd://127.0.0.1:99999",
+		"dlockd://127.0.0.1:0",
+		"dlockd://127.0.0.1:65536",
+		"dlockd://127.0.0.1:7450,127.0.0.1:7451",
+		"dlockd://127.0.0.1:7450?lock_delay=-1s",
+		"dlockd://127.0.0.1:7450?lock_delay=soon",
+		"dlockd://127.0.0.1:7450?ttl=1s",
+		"dlockd://user:pw@127.0.0.1:7450",
+		"dlockd://127.0.0.1:7450/db",
+		"redis://127.0.0.1:7450",
+	} {
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatalf("url.Parse(%q): %v", raw, err)
+		}
+		d, err := dlockddriver.Open(t.Context(), u)
+		if err == nil {
+			_ = d.Close()
+			t.Errorf("Open(%q) accepted", raw)
+			continue
+		}
+		if !errors.Is(err, driver.ErrInvalidArgument) || errors.Is(err, driver.ErrUnavailable) {
+			t.Errorf("Open(%q) = %v; want ErrInvalidArgument, not ErrUnavailable", raw, err)
+		}
+		if strings.Contains(err.Error(), "pw") {
+			t.Errorf("Open(%q) = %q shows the password", raw, err)
+		}
+	}
+	if d, err := dlockddriver.Dial("127.0.0.1:99999", nil); err == nil {
+		_ = d.Close()
+		t.Error("Dial(127.0.0.1:99999) accepted")
+	} else if !errors.Is(err, driver.ErrInvalidArgument) {
+		t.Errorf("Dial(127.0.0.1:99999) = %v; want ErrInvalidArgument", err)
+	}
+}

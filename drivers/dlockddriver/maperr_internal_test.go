@@ -1,0 +1,61 @@
+package dlockddriver
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/dlock-dev/dlock/driver"
+)
+
+// TestMapErr_Classes: every answer of the server maps to its class: refusals
+// of the request are ErrInvalidArgument (or the specific sentinel), never a
+// plain error (ErrUnavailable at the root); transient answers (NOT_LEADER,
+// SHUTTING_DOWN, capacity) stay plain, so the root retries them.
+func TestMapErr_Classes(t *testing.T) {
+	apiErr := func(c codes.Code, msg string) error { return status.Error(c, "dlockd: "+msg) }
+	cases := []struct {
+		name string
+		err  error
+		want error // nil: a plain error (ErrUnavailable at the root)
+	}{
+		{"INVALID_KEY", apiErr(codes.InvalidArgument, "invalid key: empty (INVALID_KEY)"), driver.ErrInvalidKey},
+		{"INVALID_TTL", apiErr(codes.InvalidArgument, "invalid TTL 2h: outside [1s, 1h] (INVALID_TTL)"), driver.ErrInvalidTTL},
+		{"INVALID_OWNER", apiErr(codes.InvalidArgument, "invalid owner: 3 bytes, want 8 to 128 (INVALID_OWNER)"), driver.ErrInvalidArgument},
+		{"invalid holder", apiErr(codes.InvalidArgument, "invalid holder: 300 bytes (at most 256) or not UTF-8 (INVALID_REQUEST)"), driver.ErrInvalidHolder},
+		{"INVALID_REQUEST", apiErr(codes.InvalidArgument, "session: empty call (INVALID_REQUEST)"), driver.ErrInvalidArgument},
+		{"InvalidArgument without reason", status.Error(codes.InvalidArgument, "bad"), driver.ErrInvalidArgument},
+		{"OutOfRange", status.Error(codes.OutOfRange, "page token"), driver.ErrInvalidArgument},
+		{"DUPLICATE_WAIT", apiErr(codes.AlreadyExists, "acquire \"k\": owner is already waiting (DUPLICATE_WAIT)"), driver.ErrInvalidArgument},
+		{"REQUEST_TOO_LARGE", apiErr(codes.ResourceExhausted, "renew: 3 items > 2 (REQUEST_TOO_LARGE)"), driver.ErrInvalidArgument},
+		{"gRPC size limit", status.Error(codes.ResourceExhausted, "grpc: received message larger than max (9 vs. 4)"), driver.ErrInvalidArgument},
+		{"PermissionDenied", status.Error(codes.PermissionDenied, "token"), driver.ErrInvalidArgument},
+		{"Unauthenticated", status.Error(codes.Unauthenticated, "token"), driver.ErrInvalidArgument},
+		{"LOCK_HELD", apiErr(codes.FailedPrecondition, "acquire \"k\": lock held (LOCK_HELD)"), driver.ErrNotAcquired},
+		{"LEASE_LOST", apiErr(codes.NotFound, "release \"k\": not the holder (LEASE_LOST)"), driver.ErrLeaseLost},
+		{"NOT_LEADER", apiErr(codes.Unavailable, "not the leader (leader: \"\") (NOT_LEADER)"), nil},
+		{"SHUTTING_DOWN", apiErr(codes.Unavailable, "shutting down (SHUTTING_DOWN)"), nil},
+		{"TOO_MANY_WAITERS", apiErr(codes.ResourceExhausted, "acquire \"k\": 10 waiters already queued on the key (TOO_MANY_WAITERS)"), nil},
+		{"TOO_MANY_LEASES", apiErr(codes.ResourceExhausted, "acquire \"k\": server holds its maximum of 5 leases (TOO_MANY_LEASES)"), nil},
+		{"connection refused", status.Error(codes.Unavailable, "connection error: desc = \"transport: Error while dialing: dial tcp 127.0.0.1:7999: connect: connection refused\""), nil},
+		{"DeadlineExceeded", status.Error(codes.DeadlineExceeded, "context deadline exceeded"), nil},
+		{"Internal", apiErr(codes.Internal, "boom (INTERNAL)"), nil},
+	}
+	for _, c := range cases {
+		got := mapErr(context.Background(), "acquire", "k", c.err)
+		if c.want == nil {
+			for _, s := range []error{driver.ErrInvalidArgument, driver.ErrNotAcquired, driver.ErrLeaseLost} {
+				if errors.Is(got, s) {
+					t.Errorf("%s: %v matches %v, want a plain (transient) error", c.name, got, s)
+				}
+			}
+			continue
+		}
+		if !errors.Is(got, c.want) {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}
