@@ -82,7 +82,9 @@
 //   - Pushed loss: every grant's Grant.Lost is closed when its entry is
 //     deleted on the store (lease expired or revoked, entry deleted). The
 //     watching goroutine ends on Release, on loss, and on Close.
-//   - driver.Inspector: Inspect and List.
+//   - driver.Inspector: Inspect and List. Both report each holder's time
+//     left (HolderInfo.Remaining) as etcd's LeaseTimeToLive says, in whole
+//     seconds, not the TTL it was granted with.
 //
 // # Store outages
 //
@@ -119,6 +121,8 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/dlock-dev/dlock/driver"
 	"github.com/dlock-dev/dlock/internal/urlparam"
@@ -232,16 +236,22 @@ func newDriver(cli Client, closeCli func() error, opts *Options) *Driver {
 // within ctx and dial_timeout (default 5 s).
 func Open(ctx context.Context, u *url.URL) (*Driver, error) {
 	if u.Scheme != "etcd" {
-		return nil, fmt.Errorf("etcddriver: URL scheme %q, want etcd", u.Scheme)
+		return nil, urlparam.Invalid("etcddriver: URL scheme %q, want etcd", u.Scheme)
 	}
 	if u.Host == "" {
-		return nil, fmt.Errorf("etcddriver: URL %q has no host", u.Redacted())
+		return nil, urlparam.Invalid("etcddriver: URL %q has no host", u.Redacted())
+	}
+	if err := urlparam.Ports("etcddriver", u.Host); err != nil {
+		return nil, err
 	}
 	q := u.Query()
+	if err := urlparam.Known("etcddriver", q, "dial_timeout", "op_timeout"); err != nil {
+		return nil, err
+	}
 	dialTimeout := 5 * time.Second
 	var opts Options
 	if err := urlparam.Durations(q, map[string]*time.Duration{"dial_timeout": &dialTimeout, "op_timeout": &opts.OpTimeout}); err != nil {
-		return nil, fmt.Errorf("etcddriver: %w", err)
+		return nil, urlparam.Wrap("etcddriver", err)
 	}
 	endpoints := urlparam.Hosts(u.Host)
 	cfg := clientv3.Config{
@@ -267,6 +277,9 @@ func Open(ctx context.Context, u *url.URL) (*Driver, error) {
 	}
 	cli, err := clientv3.New(cfg)
 	if err != nil {
+		if refused(err) { // credentials refused
+			return nil, urlparam.Wrap("etcddriver: etcd at "+u.Host+" refused the connection's settings", err)
+		}
 		return nil, fmt.Errorf("etcddriver: connect %s: %w: %w", u.Host, driver.ErrUnavailable, err)
 	}
 	opts.Prefix = u.Path
@@ -276,6 +289,9 @@ func Open(ctx context.Context, u *url.URL) (*Driver, error) {
 	cancel()
 	if err != nil {
 		cli.Close()
+		if refused(err) {
+			return nil, urlparam.Wrap("etcddriver: etcd at "+u.Host+" refused the connection's settings", err)
+		}
 		return nil, fmt.Errorf("etcddriver: connect %s: %w: %w", u.Host, driver.ErrUnavailable, err)
 	}
 	return newDriver(cli, cli.Close, &opts), nil
@@ -308,7 +324,8 @@ func (d *Driver) Close() error {
 const locksDir = ".locks"
 
 // ValidatePrefix reports whether prefix can be a driver's Options.Prefix
-// (or an etcd URL's path): it returns an error when a path element of
+// (or an etcd URL's path): it returns an error (matching
+// driver.ErrInvalidArgument) when a path element of
 // prefix (the text between two "/") starts with ".", since names starting
 // with "." are reserved for the driver (its lock entries are under
 // <prefix>/.locks/). This is what keeps the entries of drivers with nested
@@ -317,7 +334,7 @@ const locksDir = ".locks"
 func ValidatePrefix(prefix string) error {
 	for _, el := range strings.Split(prefix, "/") {
 		if strings.HasPrefix(el, ".") {
-			return fmt.Errorf("etcddriver: prefix %q: path element %q starts with \".\" (names starting with \".\" are reserved, e.g. %q)",
+			return urlparam.Invalid("etcddriver: prefix %q: path element %q starts with \".\" (names starting with \".\" are reserved, e.g. %q)",
 				prefix, el, locksDir)
 		}
 	}
@@ -404,10 +421,38 @@ func storeErr(op, key string, err error) error {
 	if errors.Is(err, driver.ErrLeaseLost) || errors.Is(err, driver.ErrNotAcquired) || errors.Is(err, driver.ErrClosed) {
 		return fmt.Errorf("etcddriver: %s %q: %w", op, key, err)
 	}
+	if errors.Is(err, driver.ErrInvalidArgument) {
+		return fmt.Errorf("etcddriver: %s: %w", op, err)
+	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("etcddriver: %s %q: %w", op, key, err)
 	}
+	if refused(err) {
+		return urlparam.Wrap("etcddriver: "+op+": etcd refused the request", err)
+	}
 	return fmt.Errorf("etcddriver: %s %q: %w: %w", op, key, driver.ErrUnavailable, err)
+}
+
+// refused reports whether err is an answer in which etcd refused the
+// request itself (its gRPC code is InvalidArgument, OutOfRange,
+// PermissionDenied or Unauthenticated: a request too large, a lease TTL
+// too large, bad credentials, no permission), which retrying cannot help.
+// etcd's transient answers (no leader, timeouts, leader changed) have the
+// code Unavailable and are not refusals.
+func refused(err error) bool {
+	var coded interface{ Code() codes.Code }
+	if !errors.As(err, &coded) {
+		st, ok := status.FromError(err)
+		if !ok {
+			return false
+		}
+		coded = st
+	}
+	switch coded.Code() {
+	case codes.InvalidArgument, codes.OutOfRange, codes.PermissionDenied, codes.Unauthenticated:
+		return true
+	}
+	return false
 }
 
 // queued is an entry put by enqueue.
@@ -498,6 +543,9 @@ func (d *Driver) revoke(ctx context.Context, id clientv3.LeaseID) {
 func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
 	if d.isClosed() {
 		return driver.Grant{}, storeErr("acquire", req.Key, driver.ErrClosed)
+	}
+	if err := driver.CheckRequest(req); err != nil {
+		return driver.Grant{}, storeErr("acquire", req.Key, err)
 	}
 	q, err := d.enqueue(ctx, req)
 	if err != nil {
@@ -625,6 +673,9 @@ func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration
 	if d.isClosed() {
 		return storeErr("renew", key, driver.ErrClosed)
 	}
+	if err := driver.CheckGrant(key, owner, ttl); err != nil {
+		return storeErr("renew", key, err)
+	}
 	k := d.entry(key, owner)
 	id, fence, err := d.lookup(ctx, k)
 	if err != nil {
@@ -652,6 +703,9 @@ func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration
 // fence, then revokes the grant's lease. It returns driver.ErrLeaseLost
 // when the entry is not there.
 func (d *Driver) Release(ctx context.Context, key, owner string) error {
+	if err := driver.CheckOwned(key, owner); err != nil {
+		return storeErr("release", key, err)
+	}
 	k := d.entry(key, owner)
 	g := d.forget(k)
 	var id clientv3.LeaseID
@@ -705,6 +759,9 @@ var errWaiterLost = errors.New("the waiter's own etcd lease or entry is gone")
 func (d *Driver) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
 	if d.isClosed() {
 		return driver.Grant{}, storeErr("wait", req.Key, driver.ErrClosed)
+	}
+	if err := driver.CheckRequest(req); err != nil {
+		return driver.Grant{}, storeErr("wait", req.Key, err)
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -853,9 +910,13 @@ func (d *Driver) waitErr(ctx context.Context, key string, err error) error {
 }
 
 // Inspect returns the holder of key (the entry with the lowest create
-// revision), with the lease's remaining time and the number of waiters, or
-// driver.ErrNotAcquired when the key is free.
+// revision), with the lease's remaining time (etcd's LeaseTimeToLive, in
+// whole seconds) and the number of waiters, or driver.ErrNotAcquired when
+// the key is free.
 func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, error) {
+	if err := driver.CheckKey(key); err != nil {
+		return driver.HolderInfo{}, storeErr("inspect", key, err)
+	}
 	resp, err := d.cli.Get(ctx, d.dir(key), append(clientv3.WithFirstCreate(), clientv3.WithPrefix())...)
 	if err != nil {
 		return driver.HolderInfo{}, storeErr("inspect", key, err)
@@ -866,12 +927,21 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, er
 	kv := resp.Kvs[0]
 	info := d.info(key, kv)
 	info.Waiters = int(resp.Count) - 1
-	if kv.Lease != 0 {
-		if ttl, err := d.cli.TimeToLive(ctx, clientv3.LeaseID(kv.Lease)); err == nil && ttl.TTL > 0 {
-			info.Remaining = time.Duration(ttl.TTL) * time.Second
-		}
-	}
+	info.Remaining = d.remaining(ctx, kv)
 	return info, nil
+}
+
+// remaining asks etcd how long the lease of entry kv has left (whole
+// seconds, as etcd counts them); zero when etcd does not say.
+func (d *Driver) remaining(ctx context.Context, kv *mvccpb.KeyValue) time.Duration {
+	if kv.Lease == 0 {
+		return 0
+	}
+	ttl, err := d.cli.TimeToLive(ctx, clientv3.LeaseID(kv.Lease))
+	if err != nil || ttl.TTL <= 0 {
+		return 0
+	}
+	return time.Duration(ttl.TTL) * time.Second
 }
 
 func (d *Driver) info(key string, kv *mvccpb.KeyValue) driver.HolderInfo {
@@ -881,7 +951,9 @@ func (d *Driver) info(key string, kv *mvccpb.KeyValue) driver.HolderInfo {
 }
 
 // List returns the held keys starting with prefix, sorted by key, each with
-// its holder and number of waiters (Remaining is zero: not read for lists).
+// its holder, its lease's remaining time (one LeaseTimeToLive per held key,
+// up to 16 at once; zero for a lease that ended meanwhile) and its number of
+// waiters.
 func (d *Driver) List(ctx context.Context, prefix string) ([]driver.HolderInfo, error) {
 	resp, err := d.cli.Get(ctx, d.locks+escapeKey(prefix), clientv3.WithPrefix())
 	if err != nil {
@@ -907,11 +979,25 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]driver.HolderInfo, 
 		h.count++
 	}
 	out := make([]driver.HolderInfo, 0, len(byKey))
+	kvs := make([]*mvccpb.KeyValue, 0, len(byKey))
 	for key, h := range byKey {
 		info := d.info(key, h.kv)
 		info.Waiters = h.count - 1
 		out = append(out, info)
+		kvs = append(kvs, h.kv)
 	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	for i, kv := range kvs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			out[i].Remaining = d.remaining(ctx, kv)
+			<-sem
+		}()
+	}
+	wg.Wait()
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out, nil
 }

@@ -1,0 +1,103 @@
+package etcddriver_test
+
+import (
+	"errors"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/drivers/etcddriver"
+	"github.com/dlock-dev/dlock/internal/testservers"
+)
+
+// TestInspector_RemainingIsTimeLeft: Inspect and List report the time left
+// on the holder's etcd lease (LeaseTimeToLive), not the TTL it was granted
+// with: more than 0, at most the TTL, and decreasing as time passes (`dlock
+// list` showed LEFT 0s for a 60 s lease).
+func TestInspector_RemainingIsTimeLeft(t *testing.T) {
+	e := testservers.StartEtcd(t)
+	d := openDriver(t, e.URL())
+	ctx := t.Context()
+	const ttl = 60 * time.Second
+	for _, k := range []string{"left/a", "left/b"} {
+		if _, err := d.TryAcquire(ctx, driver.AcquireRequest{Key: k, Owner: "owner-" + k[5:] + "-0000", TTL: ttl, Holder: "h"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func() (inspected, listed map[string]time.Duration) {
+		inspected, listed = map[string]time.Duration{}, map[string]time.Duration{}
+		for _, k := range []string{"left/a", "left/b"} {
+			info, err := d.Inspect(ctx, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			inspected[k] = info.Remaining
+		}
+		infos, err := d.List(ctx, "left/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(infos) != 2 {
+			t.Fatalf("List = %+v, want 2 holders", infos)
+		}
+		for _, info := range infos {
+			if info.TTL != ttl {
+				t.Errorf("List %q: TTL %v, want %v", info.Key, info.TTL, ttl)
+			}
+			listed[info.Key] = info.Remaining
+		}
+		return inspected, listed
+	}
+	i1, l1 := read()
+	for k := range i1 {
+		for what, left := range map[string]time.Duration{"Inspect": i1[k], "List": l1[k]} {
+			if left <= 0 || left > ttl {
+				t.Errorf("%s %q: Remaining %v, want in (0, %v]", what, k, left, ttl)
+			}
+		}
+	}
+	time.Sleep(2100 * time.Millisecond) // etcd counts whole seconds
+	i2, l2 := read()
+	for k := range i2 {
+		if i2[k] >= i1[k] || l2[k] >= l1[k] || i2[k] <= 0 || l2[k] <= 0 {
+			t.Errorf("%q: Remaining went from %v (Inspect) / %v (List) to %v / %v over 2.1s; want it to decrease and stay > 0",
+				k, i1[k], l1[k], i2[k], l2[k])
+		}
+	}
+	t.Logf("left after acquire: %v, 2.1s later: %v", i1, i2)
+}
+
+// TestOpen_InvalidURLIsInvalidArgument: URLs the driver refuses match
+// driver.ErrInvalidArgument, never driver.ErrUnavailable.
+func TestOpen_InvalidURLIsInvalidArgument(t *testing.T) {
+	e := testservers.StartEtcd(t)
+	for _, raw := range []string{
+		"etcd://127.0.0.1:99999",
+		"etcd://" + e.Addr() + ",127.0.0.1:0",
+		"etcd://",
+		"etcd://" + e.Addr() + "?no_such=1",
+		"etcd://" + e.Addr() + "?op_timeout=soon",
+		"etcd://" + e.Addr() + "?dial_timeout=-1s",
+		"etcd://" + e.Addr() + "/.locks",
+		"redis://" + e.Addr(),
+	} {
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := etcddriver.Open(t.Context(), u)
+		if err == nil {
+			_ = d.Close()
+			t.Errorf("Open(%q) accepted", raw)
+			continue
+		}
+		if !errors.Is(err, driver.ErrInvalidArgument) || errors.Is(err, driver.ErrUnavailable) {
+			t.Errorf("Open(%q) = %v; want ErrInvalidArgument, not ErrUnavailable", raw, err)
+		}
+		if _, err := dlock.Open(t.Context(), raw); errors.Is(err, dlock.ErrUnavailable) {
+			t.Errorf("dlock.Open(%q) = %v; must not be ErrUnavailable", raw, err)
+		}
+	}
+}
