@@ -536,3 +536,37 @@ func TestForceRelease_BlankReasonIsInvalidArgument(t *testing.T) {
 		}
 	}
 }
+
+// TestTryAcquire_RetryForEndsAtAnAnswer: TryAcquire with a retry budget
+// stops at the store's first answer: a held key is ErrNotAcquired at once,
+// not retried for the rest of the budget.
+func TestTryAcquire_RetryForEndsAtAnAnswer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sd := newScripted(func(n int) error {
+			if n <= 3 {
+				return errRefused
+			}
+			return nil
+		})
+		other := dlock.New(sd.Driver)
+		defer other.Close()
+		held, err := other.TryAcquire(t.Context(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer held.Release(t.Context())
+		l := dlock.New(sd)
+		defer l.Close()
+		start := time.Now()
+		_, err = l.TryAcquire(t.Context(), "k", dlock.WithRetryFor(time.Minute))
+		if !errors.Is(err, dlock.ErrNotAcquired) || errors.Is(err, dlock.ErrUnavailable) {
+			t.Fatalf("err = %v, want ErrNotAcquired", err)
+		}
+		if tries, _, _ := sd.counts(); tries != 4 {
+			t.Fatalf("%d attempts, want 3 failures and the answer", tries)
+		}
+		if took := time.Since(start); took > 100*time.Millisecond {
+			t.Fatalf("took %v, want the three short backoffs only", took)
+		}
+	})
+}
