@@ -30,7 +30,7 @@ func invalidCalls(d driver.Driver, good, owner string) []invalidCall {
 	owners := map[string]string{
 		"empty owner": "", "129-byte owner": strings.Repeat("o", 129), "5000-byte owner": strings.Repeat("o", 5000),
 		"owner with a space": "owner token", "owner with NUL": "owner\x00token", "owner with a newline": "owner\ntoken",
-		"non-ASCII owner": "owner-é-token",
+		"non-ASCII owner": "owner-é-token", "owner with a slash": "owner/token", "owner with a brace": "owner{token}",
 	}
 	ttls := map[string]time.Duration{
 		"zero TTL": 0, "negative TTL": -time.Second, "99ms TTL": 99 * time.Millisecond,

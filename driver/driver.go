@@ -163,17 +163,19 @@ func CheckHolder(holder string) error {
 	return nil
 }
 
-// CheckOwner returns nil when owner is a valid owner token (1 to
-// MaxOwnerBytes bytes of printable ASCII without spaces; the root package
-// sends 32 hex digits), else an error matching ErrInvalidArgument that says
-// why.
+// CheckOwner returns nil when owner is a valid owner token: 1 to
+// MaxOwnerBytes bytes of ASCII letters, digits, '-', '_', '.' and ':' (the
+// root package sends 32 hex digits; stores put the token in key paths and
+// node names, where '/' or a space would not survive), else an error
+// matching ErrInvalidArgument that says why.
 func CheckOwner(owner string) error {
 	if owner == "" || len(owner) > MaxOwnerBytes {
 		return fmt.Errorf("%w: owner token of %d bytes, want 1 to %d", ErrInvalidArgument, len(owner), MaxOwnerBytes)
 	}
 	for i := 0; i < len(owner); i++ {
-		if owner[i] < 0x21 || owner[i] > 0x7e {
-			return fmt.Errorf("%w: owner token byte %d is not printable ASCII", ErrInvalidArgument, i)
+		c := owner[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_' || c == '.' || c == ':') {
+			return fmt.Errorf("%w: owner token byte %d is %q, want letters, digits, '-', '_', '.' or ':'", ErrInvalidArgument, i, c)
 		}
 	}
 	return nil

@@ -1,8 +1,9 @@
 package zkdriver
 
 import (
-	"fmt"
 	"strings"
+
+	"github.com/dlock-dev/dlock/internal/urlparam"
 )
 
 // locksDir is the reserved child of the root that holds every key's
@@ -19,7 +20,7 @@ const locksDir = ".locks"
 func validateRoot(root string) error {
 	for _, el := range strings.Split(root, "/") {
 		if strings.HasPrefix(el, ".") {
-			return fmt.Errorf("zkdriver: root %q: path element %q starts with \".\" (names starting with \".\" are reserved, e.g. %q)",
+			return urlparam.Invalid("zkdriver: root %q: path element %q starts with \".\" (names starting with \".\" are reserved, e.g. %q)",
 				root, el, locksDir)
 		}
 	}

@@ -225,15 +225,24 @@ func (nopLogger) Printf(string, ...any) {}
 // zk://host:port[,host:port…]/root, with the optional query parameters
 // session_timeout and op_timeout (Go durations). It waits, within ctx, until
 // the first session is established and the root exists, and returns an
-// error wrapping driver.ErrUnavailable when that fails. opts may be nil.
+// error wrapping driver.ErrUnavailable when that fails. An invalid URL
+// (another scheme, no host, a port outside 1..65535, an unknown or
+// malformed parameter, a reserved root) returns an error matching
+// driver.ErrInvalidArgument instead. opts may be nil.
 func Open(ctx context.Context, u *url.URL, opts *Options) (*Driver, error) {
 	if u.Scheme != "zk" {
-		return nil, fmt.Errorf("zkdriver: URL scheme %q, want zk", u.Scheme)
+		return nil, urlparam.Invalid("zkdriver: URL scheme %q, want zk", u.Scheme)
 	}
 	if u.Host == "" {
-		return nil, fmt.Errorf("zkdriver: URL %q has no host", u.Redacted())
+		return nil, urlparam.Invalid("zkdriver: URL %q has no host", u.Redacted())
+	}
+	if err := urlparam.Ports("zkdriver", u.Host); err != nil {
+		return nil, err
 	}
 	q := u.Query()
+	if err := urlparam.Known("zkdriver", q, "session_timeout", "op_timeout"); err != nil {
+		return nil, err
+	}
 	d := &Driver{
 		root: strings.TrimRight(u.Path, "/"), sessionTimeout: DefaultSessionTimeout, opTimeout: DefaultOpTimeout,
 		ready: make(chan struct{}), orphans: map[string]int64{}, suspects: map[[2]string]int64{}, grants: map[string]grantInfo{},
@@ -246,7 +255,7 @@ func Open(ctx context.Context, u *url.URL, opts *Options) (*Driver, error) {
 		return nil, err
 	}
 	if err := urlparam.Durations(q, map[string]*time.Duration{"session_timeout": &d.sessionTimeout, "op_timeout": &d.opTimeout}); err != nil {
-		return nil, fmt.Errorf("zkdriver: %w", err)
+		return nil, urlparam.Wrap("zkdriver", err)
 	}
 	servers := urlparam.Hosts(u.Host)
 	dialer := zk.Dialer(net.DialTimeout)
@@ -267,6 +276,9 @@ func Open(ctx context.Context, u *url.URL, opts *Options) (*Driver, error) {
 
 	fail := func(err error) (*Driver, error) {
 		d.Close()
+		if refused(err) {
+			return nil, urlparam.Wrap("zkdriver: open "+u.Host+": ZooKeeper refused the request", err)
+		}
 		return nil, fmt.Errorf("zkdriver: open %s: %w: %w", u.Host, driver.ErrUnavailable, err)
 	}
 	// The first session may take a reconnect (go-zookeeper waits 1 s
@@ -549,11 +561,27 @@ func grantKey(key, owner string) string { return key + "\x00" + owner }
 
 func storeErr(op, key string, err error) error {
 	switch {
+	case errors.Is(err, driver.ErrInvalidArgument):
+		return fmt.Errorf("zkdriver: %s: %w", op, err)
 	case errors.Is(err, driver.ErrLeaseLost), errors.Is(err, driver.ErrNotAcquired), errors.Is(err, driver.ErrClosed),
 		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.Is(err, driver.ErrUnavailable):
 		return fmt.Errorf("zkdriver: %s %q: %w", op, key, err)
+	case refused(err):
+		return urlparam.Wrap("zkdriver: "+op+": ZooKeeper refused the request", err)
 	}
 	return fmt.Errorf("zkdriver: %s %q: %w: %w", op, key, driver.ErrUnavailable, err)
+}
+
+// refused reports whether err is an answer in which ZooKeeper refused the
+// request itself (bad arguments, an invalid ACL or flags, no or failed
+// authentication), which retrying cannot help.
+func refused(err error) bool {
+	for _, r := range []error{zk.ErrBadArguments, zk.ErrInvalidACL, zk.ErrInvalidFlags, zk.ErrNoAuth, zk.ErrAuthFailed, zk.ErrInvalidPath} {
+		if errors.Is(err, r) {
+			return true
+		}
+	}
+	return false
 }
 
 var errNoSession = fmt.Errorf("%w: no ZooKeeper session (disconnected)", driver.ErrUnavailable)
@@ -789,6 +817,9 @@ func (d *Driver) exists(ctx context.Context, p string) (*zk.Stat, error) {
 // sequence number of the key; otherwise it deletes it and returns
 // driver.ErrNotAcquired.
 func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	if err := driver.CheckRequest(req); err != nil {
+		return driver.Grant{}, storeErr("acquire", req.Key, err)
+	}
 	e, err := d.enqueue(ctx, req)
 	if err != nil {
 		return driver.Grant{}, storeErr("acquire", req.Key, err)
@@ -810,6 +841,9 @@ func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (dri
 // deletes its node (with a fresh bounded context) and returns an error
 // matching ctx.Err().
 func (d *Driver) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	if err := driver.CheckRequest(req); err != nil {
+		return driver.Grant{}, storeErr("wait", req.Key, err)
+	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	stop := context.AfterFunc(d.closeCtx, func() { cancel(driver.ErrClosed) })
@@ -954,6 +988,9 @@ func (d *Driver) owned(ctx context.Context, p string, gi grantInfo, known bool) 
 // session; the session, not ttl, keeps it alive. It returns
 // driver.ErrLeaseLost otherwise.
 func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration) error {
+	if err := driver.CheckGrant(key, owner, ttl); err != nil {
+		return storeErr("renew", key, err)
+	}
 	if _, err := d.current(); errors.Is(err, driver.ErrClosed) {
 		return storeErr("renew", key, err)
 	}
@@ -997,6 +1034,9 @@ func (d *Driver) forget(key, owner string) {
 // it belongs to the current session. It returns driver.ErrLeaseLost when
 // there is no such node.
 func (d *Driver) Release(ctx context.Context, key, owner string) error {
+	if err := driver.CheckOwned(key, owner); err != nil {
+		return storeErr("release", key, err)
+	}
 	if _, err := d.current(); errors.Is(err, driver.ErrClosed) {
 		return storeErr("release", key, err)
 	}
@@ -1043,6 +1083,9 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 // waiters, or driver.ErrNotAcquired when the key is free. Remaining is zero:
 // ZooKeeper does not expose when a session would expire.
 func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, error) {
+	if err := driver.CheckKey(key); err != nil {
+		return driver.HolderInfo{}, storeErr("inspect", key, err)
+	}
 	dir := d.dir(key)
 	for range 3 {
 		children, err := d.children(ctx, dir)
