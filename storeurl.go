@@ -83,6 +83,9 @@ func looksLikeHost(s string) bool {
 		if port == "" || strings.Trim(port, "0123456789") != "" {
 			return false
 		}
+		if strings.Contains(host, ":") && !strings.HasPrefix(host, "[") {
+			return false // an IPv6 address needs brackets
+		}
 	} else if strings.Contains(s, ":") && !strings.HasPrefix(s, "[") {
 		return false
 	}
