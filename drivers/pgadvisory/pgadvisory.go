@@ -121,10 +121,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dlock-dev/dlock/driver"
 	"github.com/dlock-dev/dlock/internal/pgcommon"
+	"github.com/dlock-dev/dlock/internal/urlparam"
 )
 
 func init() {
@@ -228,7 +230,7 @@ func New(pool Pool, opts *Options) (*Driver, error) {
 	}
 	for kind, name := range map[string]string{"schema": o.Schema, "table": o.Table, "sequence": o.Table + "_fence_seq", "index": o.Table + "_key_idx"} {
 		if err := pgcommon.ValidateName(kind, name); err != nil {
-			return nil, fmt.Errorf("pgadvisory: %w", err)
+			return nil, urlparam.Wrap("pgadvisory", err)
 		}
 	}
 	d := &Driver{
@@ -266,7 +268,7 @@ func New(pool Pool, opts *Options) (*Driver, error) {
 func Open(ctx context.Context, rawURL string) (*Driver, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("pgadvisory: %w", err)
+		return nil, urlparam.Wrap("pgadvisory", err)
 	}
 	return open(ctx, u)
 }
@@ -275,7 +277,10 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) { return op
 
 func open(ctx context.Context, u *url.URL) (*Driver, error) {
 	if u.Scheme != "pgadvisory" {
-		return nil, fmt.Errorf("pgadvisory: URL scheme %q is not pgadvisory", u.Scheme)
+		return nil, urlparam.Invalid("pgadvisory: URL scheme %q is not pgadvisory", u.Scheme)
+	}
+	if err := urlparam.Ports("pgadvisory", u.Host); err != nil {
+		return nil, err
 	}
 	pu := *u
 	pu.Scheme = "postgres"
@@ -287,7 +292,7 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 	pgURL, params := pgcommon.TakeParams(&pu, "dlock_schema", "dlock_table")
 	cfg, err := pgxpool.ParseConfig(pgURL)
 	if err != nil {
-		return nil, fmt.Errorf("pgadvisory: %w", err)
+		return nil, urlparam.Wrap("pgadvisory", err)
 	}
 	conns := pgcommon.NewConnTracker()
 	cfg.ConnConfig.DialFunc = conns.Wrap(cfg.ConnConfig.DialFunc)
@@ -303,9 +308,42 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 	d.ownPool, d.conns = pool, conns
 	if err := pool.Ping(ctx); err != nil {
 		d.Close()
+		if refused(err) { // bad credentials, no such database, an unknown setting
+			return nil, urlparam.Wrap("pgadvisory: PostgreSQL refused the connection", err)
+		}
 		return nil, fmt.Errorf("pgadvisory: %w: %w", driver.ErrUnavailable, err)
 	}
 	return d, nil
+}
+
+// storeErr wraps an error of op. An answer in which PostgreSQL refused the
+// request itself (see refused) matches driver.ErrInvalidArgument: retrying
+// cannot help, and it must never pass for an outage.
+func storeErr(op string, err error) error {
+	if refused(err) {
+		return urlparam.Wrap("pgadvisory: "+op+": PostgreSQL refused the request", err)
+	}
+	return fmt.Errorf("pgadvisory: %s: %w", op, err)
+}
+
+// refused reports whether err is a PostgreSQL error of a class that
+// refuses the request or the connection's settings as such: data exception
+// (22), invalid authorization (28), invalid database or schema name (3D,
+// 3F), syntax error or access rule violation (42: no privilege, no such
+// table, an unknown setting) and program limit exceeded (54). Connection
+// failures (08), serialization failures and deadlocks (40), insufficient
+// resources (53), operator intervention (57: shutdown, cancel) and a
+// read-only standby (25006) are not: they are outages.
+func refused(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || len(pgErr.Code) < 2 {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "22", "28", "3D", "3F", "42", "54":
+		return true
+	}
+	return false
 }
 
 func (d *Driver) buildSQL(channel string) {
@@ -372,11 +410,11 @@ CREATE INDEX IF NOT EXISTS ` + d.index + ` ON ` + d.table + ` (key);
 func (d *Driver) Migrate(ctx context.Context) error {
 	c, err := d.pool.Acquire(ctx)
 	if err != nil {
-		return fmt.Errorf("pgadvisory: migrate: %w", err)
+		return storeErr("migrate", err)
 	}
 	defer c.Release()
 	if err := pgcommon.MigrateNow(ctx, c, d.schema, d.DDL()); err != nil {
-		return fmt.Errorf("pgadvisory: migrate %s: %w", d.table, err)
+		return storeErr("migrate "+d.table, err)
 	}
 	d.migrated.Store(true)
 	return nil
@@ -396,7 +434,7 @@ func (d *Driver) ensure(ctx context.Context, c *pgxpool.Conn) error {
 		return nil
 	}
 	if err := pgcommon.Migrate(ctx, c, d.schema, d.DDL(), d.table, d.seq); err != nil {
-		return fmt.Errorf("pgadvisory: migrate %s: %w", d.table, err)
+		return storeErr("migrate "+d.table, err)
 	}
 	d.migrated.Store(true)
 	return nil
@@ -430,9 +468,12 @@ func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (dri
 	if d.isClosed() {
 		return driver.Grant{}, driver.ErrClosed
 	}
+	if err := driver.CheckRequest(req); err != nil {
+		return driver.Grant{}, fmt.Errorf("pgadvisory: acquire: %w", err)
+	}
 	c, err := d.pool.Acquire(ctx)
 	if err != nil {
-		return driver.Grant{}, fmt.Errorf("pgadvisory: acquire: connection: %w", err)
+		return driver.Grant{}, storeErr("acquire: connection", err)
 	}
 	if err := d.ensure(ctx, c); err != nil {
 		c.Release()
@@ -485,7 +526,7 @@ func (d *Driver) tryAcquire(ctx context.Context, c *pgxpool.Conn, req driver.Acq
 	if err != nil {
 		// The lock may have been taken before the error.
 		dropLocks(c)
-		return driver.Grant{}, fmt.Errorf("pgadvisory: acquire: %w", err)
+		return driver.Grant{}, storeErr("acquire", err)
 	}
 	if !ok {
 		c.Release()
@@ -554,6 +595,9 @@ func (d *Driver) forget(s *session) {
 // lets the query finish in the background (for at least 5 s, or until
 // ctx's deadline when later); a Release that follows waits for it.
 func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration) error {
+	if err := driver.CheckGrant(key, owner, ttl); err != nil {
+		return fmt.Errorf("pgadvisory: renew: %w", err)
+	}
 	s := d.session(ctx, key, owner)
 	if err := ctx.Err(); err != nil {
 		return err
@@ -582,6 +626,9 @@ func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration
 // when the session was already gone; on any other failure the connection is
 // closed (which drops the lock on the server) and the error returned.
 func (d *Driver) Release(ctx context.Context, key, owner string) error {
+	if err := driver.CheckOwned(key, owner); err != nil {
+		return fmt.Errorf("pgadvisory: release: %w", err)
+	}
 	s := d.session(ctx, key, owner)
 	if s == nil {
 		if err := ctx.Err(); err != nil {
@@ -643,6 +690,9 @@ func (d *Driver) Hint(ctx context.Context, key string) (<-chan struct{}, func(),
 	if d.isClosed() {
 		return nil, nil, driver.ErrClosed
 	}
+	if err := driver.CheckKey(key); err != nil {
+		return nil, nil, fmt.Errorf("pgadvisory: hint: %w", err)
+	}
 	if d.hub == nil {
 		return nil, nil, fmt.Errorf("pgadvisory: release hints need Options.ListenConfig: %w", errors.ErrUnsupported)
 	}
@@ -693,6 +743,9 @@ func scanHolder(row pgx.Row) (driver.HolderInfo, error) {
 // an upgrade, other code taking advisory locks), it returns a HolderInfo
 // with Fence 0, TTL 0 and a Holder that names that session's backend pid.
 func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, error) {
+	if err := driver.CheckKey(key); err != nil {
+		return driver.HolderInfo{}, fmt.Errorf("pgadvisory: inspect: %w", err)
+	}
 	var info driver.HolderInfo
 	err := d.query(ctx, func(c *pgxpool.Conn) error {
 		var err error
@@ -703,7 +756,7 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, er
 		return driver.HolderInfo{}, fmt.Errorf("pgadvisory: inspect %q: %w", key, driver.ErrNotAcquired)
 	}
 	if err != nil {
-		return driver.HolderInfo{}, fmt.Errorf("pgadvisory: inspect: %w", err)
+		return driver.HolderInfo{}, storeErr("inspect", err)
 	}
 	return info, nil
 }
@@ -728,7 +781,7 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]driver.HolderInfo, 
 		return rows.Err()
 	})
 	if err != nil {
-		return nil, fmt.Errorf("pgadvisory: list: %w", err)
+		return nil, storeErr("list", err)
 	}
 	return out, nil
 }

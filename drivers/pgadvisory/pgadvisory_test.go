@@ -199,6 +199,11 @@ func TestDriver_ConnectionKilledLosesLeaseAtOnce(t *testing.T) {
 	if err := a.Release(t.Context(), "k", owner); !errors.Is(err, driver.ErrLeaseLost) {
 		t.Fatalf("Release after the kill = %v, want ErrLeaseLost", err)
 	}
+	// The loss was declared before the server let go: a terminated
+	// backend exits, and its advisory locks go, only a moment later (on a
+	// loaded machine, a noticeable one). Wait for that, bounded, before
+	// another owner takes the key.
+	awaitBackendGone(t, pool, pid, "k", 5*time.Second)
 	gb := mustGrant(t, b, req("k", "owner-b-0123456789abcdef", time.Minute))
 	if gb.Fence <= g.Fence {
 		t.Fatalf("fence %d after the kill not greater than %d", gb.Fence, g.Fence)
@@ -228,6 +233,28 @@ func TestDriver_ConnectionKilledLosesLeaseAtOnce(t *testing.T) {
 	}
 	if err := ls.Release(t.Context()); !errors.Is(err, dlock.ErrLeaseLost) {
 		t.Fatalf("Release of the lost lease = %v, want ErrLeaseLost", err)
+	}
+}
+
+// awaitBackendGone waits until the server backend pid has exited (it is no
+// longer in pg_stat_activity) and the advisory lock of key is no longer
+// held, failing the test after within.
+func awaitBackendGone(t *testing.T, pool *pgxpool.Pool, pid int32, key string, within time.Duration) {
+	t.Helper()
+	began := time.Now()
+	for {
+		var n int
+		if err := pool.QueryRow(t.Context(), "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 && !lockHeld(t, pool, key) {
+			t.Logf("backend %d gone %v after the loss was seen", pid, time.Since(began))
+			return
+		}
+		if time.Since(began) > within {
+			t.Fatalf("backend %d still running %v after pg_terminate_backend", pid, within)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

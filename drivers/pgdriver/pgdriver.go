@@ -96,6 +96,7 @@ import (
 
 	"github.com/dlock-dev/dlock/driver"
 	"github.com/dlock-dev/dlock/internal/pgcommon"
+	"github.com/dlock-dev/dlock/internal/urlparam"
 )
 
 func init() {
@@ -187,13 +188,13 @@ func New(db DB, opts *Options) (*Driver, error) {
 		o.Table = DefaultTable
 	}
 	if err := pgcommon.ValidateName("schema", o.Schema); err != nil {
-		return nil, fmt.Errorf("pgdriver: %w", err)
+		return nil, urlparam.Wrap("pgdriver", err)
 	}
 	if err := pgcommon.ValidateName("table", o.Table); err != nil {
-		return nil, fmt.Errorf("pgdriver: %w", err)
+		return nil, urlparam.Wrap("pgdriver", err)
 	}
 	if err := pgcommon.ValidateName("sequence", o.Table+"_fence_seq"); err != nil {
-		return nil, fmt.Errorf("pgdriver: %w", err)
+		return nil, urlparam.Wrap("pgdriver", err)
 	}
 	d := &Driver{
 		db:         db,
@@ -227,7 +228,7 @@ func New(db DB, opts *Options) (*Driver, error) {
 func Open(ctx context.Context, rawURL string) (*Driver, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("pgdriver: %w", err)
+		return nil, urlparam.Wrap("pgdriver", err)
 	}
 	return open(ctx, u)
 }
@@ -236,12 +237,15 @@ func openURL(ctx context.Context, u *url.URL) (driver.Driver, error) { return op
 
 func open(ctx context.Context, u *url.URL) (*Driver, error) {
 	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
-		return nil, fmt.Errorf("pgdriver: URL scheme %q is not postgres or postgresql", u.Scheme)
+		return nil, urlparam.Invalid("pgdriver: URL scheme %q is not postgres or postgresql", u.Scheme)
+	}
+	if err := urlparam.Ports("pgdriver", u.Host); err != nil {
+		return nil, err
 	}
 	pgURL, params := pgcommon.TakeParams(u, "dlock_schema", "dlock_table")
 	cfg, err := pgxpool.ParseConfig(pgURL)
 	if err != nil {
-		return nil, fmt.Errorf("pgdriver: %w", err)
+		return nil, urlparam.Wrap("pgdriver", err)
 	}
 	conns := pgcommon.NewConnTracker()
 	cfg.ConnConfig.DialFunc = conns.Wrap(cfg.ConnConfig.DialFunc)
@@ -257,9 +261,42 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 	d.ownPool, d.conns = pool, conns
 	if err := pool.Ping(ctx); err != nil {
 		d.Close()
+		if refused(err) { // bad credentials, no such database, an unknown setting
+			return nil, urlparam.Wrap("pgdriver: PostgreSQL refused the connection", err)
+		}
 		return nil, fmt.Errorf("pgdriver: %w: %w", driver.ErrUnavailable, err)
 	}
 	return d, nil
+}
+
+// storeErr wraps an error of op. An answer in which PostgreSQL refused the
+// request itself (see refused) matches driver.ErrInvalidArgument: retrying
+// cannot help, and it must never pass for an outage.
+func storeErr(op string, err error) error {
+	if refused(err) {
+		return urlparam.Wrap("pgdriver: "+op+": PostgreSQL refused the request", err)
+	}
+	return fmt.Errorf("pgdriver: %s: %w", op, err)
+}
+
+// refused reports whether err is a PostgreSQL error of a class that
+// refuses the request or the connection's settings as such: data exception
+// (22), invalid authorization (28), invalid database or schema name (3D,
+// 3F), syntax error or access rule violation (42: no privilege, no such
+// table, an unknown setting) and program limit exceeded (54). Connection
+// failures (08), serialization failures and deadlocks (40), insufficient
+// resources (53), operator intervention (57: shutdown, cancel) and a
+// read-only standby (25006) are not: they are outages.
+func refused(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || len(pgErr.Code) < 2 {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "22", "28", "3D", "3F", "42", "54":
+		return true
+	}
+	return false
 }
 
 func (d *Driver) buildSQL() {
@@ -324,7 +361,7 @@ CREATE TABLE IF NOT EXISTS ` + d.table + ` (
 // processes and to run again.
 func (d *Driver) Migrate(ctx context.Context) error {
 	if err := pgcommon.MigrateNow(ctx, d.db, d.schema, d.DDL()); err != nil {
-		return fmt.Errorf("pgdriver: migrate %s: %w", d.table, err)
+		return storeErr("migrate "+d.table, err)
 	}
 	d.migrated.Store(true)
 	return nil
@@ -349,7 +386,7 @@ func (d *Driver) ensure(ctx context.Context) error {
 		return nil
 	}
 	if err := pgcommon.Migrate(ctx, d.db, d.schema, d.DDL(), d.table, d.seq); err != nil {
-		return fmt.Errorf("pgdriver: migrate %s: %w", d.table, err)
+		return storeErr("migrate "+d.table, err)
 	}
 	d.migrated.Store(true)
 	return nil
@@ -368,11 +405,11 @@ func micros(ttl time.Duration) int64 { return (ttl + time.Microsecond - 1).Micro
 // when later). Until it has, the owner token is pending: a Release for it
 // waits for the outcome first, so the clean-up never misses a grant.
 func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	if err := driver.CheckRequest(req); err != nil {
+		return driver.Grant{}, fmt.Errorf("pgdriver: acquire: %w", err)
+	}
 	if err := d.ensure(ctx); err != nil {
 		return driver.Grant{}, err
-	}
-	if req.Owner == "" {
-		return driver.Grant{}, errors.New("pgdriver: empty owner token")
 	}
 	a := &attempt{done: make(chan struct{})}
 	d.mu.Lock()
@@ -414,7 +451,7 @@ func (d *Driver) tryAcquire(ctx context.Context, req driver.AcquireRequest) (dri
 	case errors.Is(err, pgx.ErrNoRows):
 		return driver.Grant{}, driver.ErrNotAcquired
 	case err != nil:
-		return driver.Grant{}, fmt.Errorf("pgdriver: acquire: %w", err)
+		return driver.Grant{}, storeErr("acquire", err)
 	case fence <= 0:
 		return driver.Grant{}, fmt.Errorf("pgdriver: acquire: sequence %s returned fence %d", d.seq, fence)
 	}
@@ -440,12 +477,15 @@ func (d *Driver) awaitPending(ctx context.Context, owner string) error {
 // Renew implements driver.Driver: an owner-checked UPDATE that extends
 // expires_at to the database's clock_timestamp() + ttl.
 func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration) error {
+	if err := driver.CheckGrant(key, owner, ttl); err != nil {
+		return fmt.Errorf("pgdriver: renew: %w", err)
+	}
 	if err := d.ensure(ctx); err != nil {
 		return err
 	}
 	tag, err := d.db.Exec(ctx, d.sqlRenew, key, owner, micros(ttl))
 	if err != nil {
-		return fmt.Errorf("pgdriver: renew: %w", err)
+		return storeErr("renew", err)
 	}
 	if tag.RowsAffected() == 0 {
 		return driver.ErrLeaseLost
@@ -456,6 +496,9 @@ func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration
 // Release implements driver.Driver: an owner-checked UPDATE that marks the
 // row free and notifies the table's channel.
 func (d *Driver) Release(ctx context.Context, key, owner string) error {
+	if err := driver.CheckOwned(key, owner); err != nil {
+		return fmt.Errorf("pgdriver: release: %w", err)
+	}
 	if err := d.ensure(ctx); err != nil {
 		return err
 	}
@@ -464,7 +507,7 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 	}
 	tag, err := d.db.Exec(ctx, d.sqlRelease, key, owner)
 	if err != nil {
-		return fmt.Errorf("pgdriver: release: %w", err)
+		return storeErr("release", err)
 	}
 	if tag.RowsAffected() == 0 {
 		return driver.ErrLeaseLost
@@ -504,6 +547,9 @@ func (d *Driver) Hint(ctx context.Context, key string) (<-chan struct{}, func(),
 	if d.closed.Load() {
 		return nil, nil, driver.ErrClosed
 	}
+	if err := driver.CheckKey(key); err != nil {
+		return nil, nil, fmt.Errorf("pgdriver: hint: %w", err)
+	}
 	if d.hub == nil {
 		return nil, nil, fmt.Errorf("pgdriver: release hints need Options.ListenConfig: %w", errors.ErrUnsupported)
 	}
@@ -532,6 +578,9 @@ func scanHolder(row pgx.Row) (driver.HolderInfo, error) {
 // Inspect implements driver.Inspector. Remaining is measured by the
 // database clock; Waiters is -1 (polling waiters are not recorded).
 func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, error) {
+	if err := driver.CheckKey(key); err != nil {
+		return driver.HolderInfo{}, fmt.Errorf("pgdriver: inspect: %w", err)
+	}
 	if err := d.ensure(ctx); err != nil {
 		return driver.HolderInfo{}, err
 	}
@@ -540,7 +589,7 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, er
 		return driver.HolderInfo{}, fmt.Errorf("pgdriver: inspect %q: %w", key, driver.ErrNotAcquired)
 	}
 	if err != nil {
-		return driver.HolderInfo{}, fmt.Errorf("pgdriver: inspect: %w", err)
+		return driver.HolderInfo{}, storeErr("inspect", err)
 	}
 	return info, nil
 }
@@ -553,19 +602,19 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]driver.HolderInfo, 
 	}
 	rows, err := d.db.Query(ctx, d.sqlList, pgcommon.LikePrefix(prefix))
 	if err != nil {
-		return nil, fmt.Errorf("pgdriver: list: %w", err)
+		return nil, storeErr("list", err)
 	}
 	defer rows.Close()
 	var out []driver.HolderInfo
 	for rows.Next() {
 		info, err := scanHolder(rows)
 		if err != nil {
-			return nil, fmt.Errorf("pgdriver: list: %w", err)
+			return nil, storeErr("list", err)
 		}
 		out = append(out, info)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("pgdriver: list: %w", err)
+		return nil, storeErr("list", err)
 	}
 	return out, nil
 }
@@ -583,7 +632,7 @@ func (d *Driver) Prune(ctx context.Context, idle time.Duration) (int64, error) {
 	}
 	tag, err := d.db.Exec(ctx, d.sqlPrune, idle.Microseconds())
 	if err != nil {
-		return 0, fmt.Errorf("pgdriver: prune: %w", err)
+		return 0, storeErr("prune", err)
 	}
 	return tag.RowsAffected(), nil
 }

@@ -201,7 +201,7 @@ var _ driver.Driver = (*Driver)(nil)
 // least MinNodes). It never closes the clients. opts may be nil.
 func New(clients []redis.Scripter, opts *Options) (*Driver, error) {
 	if len(clients) < MinNodes {
-		return nil, fmt.Errorf("redlockdriver: %d nodes, need at least %d", len(clients), MinNodes)
+		return nil, urlparam.Invalid("redlockdriver: %d nodes, need at least %d", len(clients), MinNodes)
 	}
 	var o Options
 	if opts != nil {
@@ -227,21 +227,31 @@ func New(clients []redis.Scripter, opts *Options) (*Driver, error) {
 // Open connects to the nodes named by u,
 // redlock://[:password@]h1:p1,h2:p2,h3:p3[,…], with the optional query
 // parameters node_timeout (a Go duration) and db. The driver owns the
-// clients and closes them in Close.
+// clients and closes them in Close. An invalid URL (another scheme, fewer
+// than MinNodes hosts, a port outside 1..65535, an unknown or malformed
+// parameter) and nodes that refuse its credentials or database number
+// (enough of them that no majority is possible) return an error matching
+// driver.ErrInvalidArgument.
 func Open(ctx context.Context, u *url.URL) (*Driver, error) {
 	if u.Scheme != "redlock" {
-		return nil, fmt.Errorf("redlockdriver: URL scheme %q, want redlock", u.Scheme)
+		return nil, urlparam.Invalid("redlockdriver: URL scheme %q, want redlock", u.Scheme)
+	}
+	if err := urlparam.Ports("redlockdriver", u.Host); err != nil {
+		return nil, err
 	}
 	q := u.Query()
+	if err := urlparam.Known("redlockdriver", q, "node_timeout", "db"); err != nil {
+		return nil, err
+	}
 	var o Options
 	if err := urlparam.Durations(q, map[string]*time.Duration{"node_timeout": &o.NodeTimeout}); err != nil {
-		return nil, fmt.Errorf("redlockdriver: %w", err)
+		return nil, urlparam.Wrap("redlockdriver", err)
 	}
 	db := 0
 	if v := q.Get("db"); v != "" {
 		n, err := strconv.Atoi(v)
-		if err != nil {
-			return nil, fmt.Errorf("redlockdriver: URL parameter db=%q is not a number", v)
+		if err != nil || n < 0 {
+			return nil, urlparam.Invalid("redlockdriver: URL parameter db=%q is not a database number (0 or more)", v)
 		}
 		db = n
 	}
@@ -278,7 +288,7 @@ func Open(ctx context.Context, u *url.URL) (*Driver, error) {
 	// an error.
 	wctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	d.each(wctx, time.Second, func(ctx context.Context, i int, c redis.Scripter) error {
+	errs := d.each(wctx, time.Second, func(ctx context.Context, i int, c redis.Scripter) error {
 		if p, ok := c.(interface {
 			Ping(context.Context) *redis.StatusCmd
 		}); ok {
@@ -286,6 +296,12 @@ func Open(ctx context.Context, u *url.URL) (*Driver, error) {
 		}
 		return nil
 	})
+	// Nodes that refuse the URL's credentials or database number, enough
+	// of them that no majority is possible, make the URL invalid.
+	if d.failure(errs) == driver.ErrInvalidArgument {
+		_ = d.Close()
+		return nil, urlparam.Wrap("redlockdriver: open", d.quorumErr("ping", errs, driver.ErrInvalidArgument))
+	}
 	return d, nil
 }
 
@@ -433,7 +449,10 @@ var (
 
 // QuorumError reports the per-node results of an operation that did not
 // reach a majority. It matches its Err (driver.ErrNotAcquired,
-// driver.ErrLeaseLost or driver.ErrUnavailable) with errors.Is, and each
+// driver.ErrLeaseLost, driver.ErrUnavailable, or driver.ErrInvalidArgument
+// when enough nodes refused the request as invalid — bad credentials, a
+// database number out of range — that no majority was possible) with
+// errors.Is, and each
 // node's error, through Unwrap() []error.
 type QuorumError struct {
 	Op     string  // "acquire", "fence", "renew", "release"
@@ -495,6 +514,45 @@ func count(errs []error, target error) int {
 	return n
 }
 
+// refused reports whether err is a Redis error reply that refuses the
+// request or the connection's settings as such (bad credentials, no
+// permission, a database number out of range, an invalid argument):
+// retrying cannot help. A busy, loading, read-only or out-of-memory node is
+// not refusing: it is unavailable. (The same list as redisdriver's.)
+func refused(err error) bool {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	for _, p := range []string{
+		"WRONGPASS", "NOAUTH", "NOPERM", "ERR DB index is out of range", "ERR invalid DB index",
+		"ERR invalid expire time", "ERR value is not an integer or out of range", "ERR syntax error",
+		"ERR invalid password", "ERR AUTH", "ERR Client sent AUTH, but no password is set",
+	} {
+		if strings.HasPrefix(rerr.Error(), p) {
+			return true
+		}
+	}
+	return false
+}
+
+// failure is the sentinel of an operation that reached no majority because
+// nodes failed: driver.ErrInvalidArgument when the nodes that refused the
+// request as invalid are enough on their own to leave no majority,
+// driver.ErrUnavailable otherwise.
+func (d *Driver) failure(errs []error) error {
+	n := 0
+	for _, err := range errs {
+		if refused(err) {
+			n++
+		}
+	}
+	if n > len(d.nodes)-d.quorum {
+		return driver.ErrInvalidArgument
+	}
+	return driver.ErrUnavailable
+}
+
 func (d *Driver) quorumErr(op string, errs []error, sentinel error) *QuorumError {
 	return &QuorumError{Op: op, OK: count(errs, nil), Quorum: d.quorum, Err: sentinel, Nodes: errs, names: d.names}
 }
@@ -517,6 +575,9 @@ type fenceOf struct {
 func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
 	if d.isClosed() {
 		return driver.Grant{}, fmt.Errorf("redlockdriver: acquire %q: %w", req.Key, driver.ErrClosed)
+	}
+	if err := driver.CheckRequest(req); err != nil {
+		return driver.Grant{}, fmt.Errorf("redlockdriver: acquire: %w", err)
 	}
 	start := time.Now()
 	nto := d.nodeTimeout(req.TTL)
@@ -563,7 +624,7 @@ func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (dri
 		// Unavailable when the nodes that failed (not answered, not
 		// "held") leave no majority; otherwise other owners hold it.
 		if failed := len(d.nodes) - ok - count(errs, errNodeHeld); failed > len(d.nodes)-d.quorum {
-			return fail("acquire", errs, driver.ErrUnavailable)
+			return fail("acquire", errs, d.failure(errs))
 		}
 		return fail("acquire", errs, driver.ErrNotAcquired)
 	}
@@ -595,7 +656,7 @@ func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (dri
 			return nil
 		})
 		if count(ferrs, nil) < d.quorum {
-			return fail("fence", ferrs, driver.ErrUnavailable)
+			return fail("fence", ferrs, d.failure(ferrs))
 		}
 	}
 	elapsed := time.Since(start)
@@ -653,6 +714,9 @@ func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration
 	if d.isClosed() {
 		return fmt.Errorf("redlockdriver: renew %q: %w", key, driver.ErrClosed)
 	}
+	if err := driver.CheckGrant(key, owner, ttl); err != nil {
+		return fmt.Errorf("redlockdriver: renew: %w", err)
+	}
 	d.mu.Lock()
 	fence := d.fences[grantKey(key, owner)].fence
 	sent := time.Now()
@@ -699,7 +763,7 @@ func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration
 		d.forget(key, owner)
 		return fmt.Errorf("redlockdriver: renew %q: %w", key, d.quorumErr("renew", errs, driver.ErrLeaseLost))
 	}
-	return fmt.Errorf("redlockdriver: renew %q: %w", key, d.quorumErr("renew", errs, driver.ErrUnavailable))
+	return fmt.Errorf("redlockdriver: renew %q: %w", key, d.quorumErr("renew", errs, d.failure(errs)))
 }
 
 func (d *Driver) forget(key, owner string) {
@@ -715,6 +779,9 @@ func (d *Driver) forget(key, owner string) {
 func (d *Driver) Release(ctx context.Context, key, owner string) error {
 	if d.isClosed() {
 		return fmt.Errorf("redlockdriver: release %q: %w", key, driver.ErrClosed)
+	}
+	if err := driver.CheckOwned(key, owner); err != nil {
+		return fmt.Errorf("redlockdriver: release: %w", err)
 	}
 	nto := d.nodeTimeout(0)
 	errs := d.each(ctx, nto, func(ctx context.Context, i int, c redis.Scripter) error {
@@ -742,7 +809,7 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 		d.forget(key, owner)
 		return fmt.Errorf("redlockdriver: release %q: %w", key, d.quorumErr("release", errs, driver.ErrLeaseLost))
 	default:
-		return fmt.Errorf("redlockdriver: release %q: %w", key, d.quorumErr("release", errs, driver.ErrUnavailable))
+		return fmt.Errorf("redlockdriver: release %q: %w", key, d.quorumErr("release", errs, d.failure(errs)))
 	}
 }
 

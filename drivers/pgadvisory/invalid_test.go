@@ -1,0 +1,45 @@
+package pgadvisory_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/drivers/pgadvisory"
+	"github.com/dlock-dev/dlock/internal/testservers"
+)
+
+// TestOpen_InvalidURLIsInvalidArgument: URLs that the driver, pgx or a real
+// PostgreSQL refuse (a bad port, an unknown setting, an unknown role or
+// database, an invalid table name) match driver.ErrInvalidArgument, never
+// driver.ErrUnavailable (which would let WithFailOpen run work unlocked).
+func TestOpen_InvalidURLIsInvalidArgument(t *testing.T) {
+	pg := testservers.StartPostgres(t)
+	base := advisoryURL(pg)
+	for _, raw := range []string{
+		"pgadvisory://postgres@127.0.0.1:99999/postgres?sslmode=disable",
+		"pgadvisory://postgres@127.0.0.1:0/postgres?sslmode=disable",
+		base + "&sslmode=sometimes",
+		base + "&pool_max_conns=many",
+		base + "&no_such_setting=1",
+		strings.Replace(base, "postgres@", "nobody@", 1),
+		strings.Replace(base, "/postgres?", "/no_such_db?", 1),
+		base + "&dlock_table=" + strings.Repeat("t", 64),
+		pg.URL(),
+	} {
+		d, err := pgadvisory.Open(t.Context(), raw)
+		if err == nil {
+			_ = d.Close()
+			t.Errorf("Open(%q) accepted", raw)
+			continue
+		}
+		if !errors.Is(err, driver.ErrInvalidArgument) || errors.Is(err, driver.ErrUnavailable) {
+			t.Errorf("Open(%q) = %v; want ErrInvalidArgument, not ErrUnavailable", raw, err)
+		}
+		if _, err := dlock.Open(t.Context(), raw); errors.Is(err, dlock.ErrUnavailable) {
+			t.Errorf("dlock.Open(%q) = %v; must not be ErrUnavailable", raw, err)
+		}
+	}
+}

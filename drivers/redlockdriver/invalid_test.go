@@ -1,0 +1,49 @@
+package redlockdriver_test
+
+import (
+	"errors"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/drivers/redlockdriver"
+	"github.com/dlock-dev/dlock/internal/testservers"
+)
+
+// TestOpen_InvalidURLIsInvalidArgument: URLs the driver refuses, and URLs
+// whose credentials or database number every node refuses, match
+// driver.ErrInvalidArgument, never driver.ErrUnavailable.
+func TestOpen_InvalidURLIsInvalidArgument(t *testing.T) {
+	rs := testservers.StartRedisN(t, 3)
+	hosts := rs[0].Addr() + "," + rs[1].Addr() + "," + rs[2].Addr()
+	for _, raw := range []string{
+		"redlock://" + rs[0].Addr() + "," + rs[1].Addr(),
+		"redlock://127.0.0.1:99999," + rs[1].Addr() + "," + rs[2].Addr(),
+		"redlock://" + hosts + "?db=x",
+		"redlock://" + hosts + "?db=-1",
+		"redlock://" + hosts + "?node_timeout=soon",
+		"redlock://" + hosts + "?no_such=1",
+		"redlock://" + hosts + "?db=99",               // beyond each node's 16 databases
+		"redlock://nobody:secret@" + hosts,            // a user no node knows
+		"redis://" + strings.SplitN(hosts, ",", 2)[0], // another scheme
+	} {
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := redlockdriver.Open(t.Context(), u)
+		if err == nil {
+			_ = d.Close()
+			t.Errorf("Open(%q) accepted", raw)
+			continue
+		}
+		if !errors.Is(err, driver.ErrInvalidArgument) || errors.Is(err, driver.ErrUnavailable) {
+			t.Errorf("Open(%q) = %v; want ErrInvalidArgument, not ErrUnavailable", raw, err)
+		}
+		if _, err := dlock.Open(t.Context(), raw); errors.Is(err, dlock.ErrUnavailable) {
+			t.Errorf("dlock.Open(%q) = %v; must not be ErrUnavailable", raw, err)
+		}
+	}
+}
