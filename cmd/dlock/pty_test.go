@@ -273,6 +273,49 @@ func TestRun_TerminalKilledSupervisorOrDlockGivesTerminalBack(t *testing.T) {
 	}
 }
 
+// TestRun_TerminalCtrlZStopsDlockAndFgResumes: Ctrl-Z stops the command,
+// and dlock's group with it, so the job-control shell that runs dlock (sh
+// with set -m, as an interactive shell) sees its job stopped; the shell's fg
+// continues dlock, which gives the command the terminal again and continues
+// it.
+func TestRun_TerminalCtrlZStopsDlockAndFgResumes(t *testing.T) {
+	term := startTerminal(t, dlockdStore(t),
+		`set -m; "$DLOCK" run --ttl 10s pty:stop -- sh -c '`+ttyState+`; read x; echo "got:$x"'; echo "stopped:$?"; `+
+			`fg >/dev/null; echo "rc=$?"; read y; echo "after:$y"`)
+	term.wantForegroundCommand(term.await(`^pgrp=(\d+) tpgid=(\d+) ppid=(\d+)`))
+	term.typeIn("\x1a") // Ctrl-Z
+	// 148: the job stopped by SIGTSTP, as the shell reports it.
+	term.await(`^(?:\^Z)?stopped:148\r?$`)
+	deadline := time.Now().Add(5 * time.Second)
+	for term.foreground() == term.cmd.Process.Pid {
+		if time.Now().After(deadline) {
+			t.Fatal("after fg the command did not get the terminal back")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	term.typeIn("hello\n")
+	term.await(`^got:hello\r?$`)
+	term.await(`^rc=0\r?$`)
+	term.wantForegroundBack()
+}
+
+// TestRun_TerminalCtrlZWithoutJobControlContinues: when no job-control
+// shell runs dlock (its group is orphaned, as when it leads its session, or
+// here, when the shell that runs it does no job control and leads the
+// session), nothing could continue a stopped dlock: the command is
+// continued at once, with a warning, instead of hanging.
+func TestRun_TerminalCtrlZWithoutJobControlContinues(t *testing.T) {
+	term := startTerminal(t, dlockdStore(t),
+		`"$DLOCK" run pty:orphan -- sh -c '`+ttyState+`; read x; echo "got:$x"'`+after)
+	term.wantForegroundCommand(term.await(`^pgrp=(\d+) tpgid=(\d+) ppid=(\d+)`))
+	term.typeIn("\x1a") // Ctrl-Z
+	term.await(`no job-control shell runs dlock`)
+	term.typeIn("hello\n")
+	term.await(`^got:hello\r?$`)
+	term.await(`^rc=0\r?$`)
+	term.wantForegroundBack()
+}
+
 func parentOf(t *testing.T, pid int) int {
 	t.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))

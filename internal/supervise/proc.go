@@ -44,16 +44,21 @@ func monoNow() int64 {
 	return ts.Nano()
 }
 
-// awaitExitedChild blocks until some child of the calling process has
-// exited, without reaping it (waitid WNOWAIT), so that the caller can reap
-// under a lock that signalling by PID also holds: a PID is never reused
-// while it is an unreaped zombie. It returns ECHILD when there are no
-// children left.
-func awaitExitedChild() error {
+// awaitChild blocks until some child of the calling process has exited
+// (or, with stops, has stopped), without reaping it (waitid WNOWAIT), so
+// that the caller can reap under a lock that signalling by PID also holds:
+// a PID is never reused while it is an unreaped zombie. The caller must
+// consume a stop with wait4(WUNTRACED), or it is reported again. It returns
+// ECHILD when there are no children left.
+func awaitChild(stops bool) error {
 	var info [128]byte // siginfo_t; its content is not needed
+	flags := syscall.WEXITED | syscall.WNOWAIT | syscall.WALL
+	if stops {
+		flags |= syscall.WSTOPPED
+	}
 	for {
 		_, _, e := syscall.Syscall6(syscall.SYS_WAITID, pAll, 0, uintptr(unsafe.Pointer(&info[0])),
-			syscall.WEXITED|syscall.WNOWAIT|syscall.WALL, 0, 0)
+			uintptr(flags), 0, 0)
 		switch e {
 		case 0:
 			return nil
@@ -112,4 +117,56 @@ func descendants(root int) []procInfo {
 		}
 	}
 	return out
+}
+
+// orphanedGroup reports whether process group pgrp is orphaned (POSIX): no
+// member has a parent in the same session but another group, so no shell
+// can continue it. The kernel discards terminal stop signals (SIGTSTP,
+// SIGTTIN, SIGTTOU) sent to such a group. It reads /proc; a group with no
+// member is orphaned.
+func orphanedGroup(pgrp int) bool {
+	d, err := os.Open("/proc")
+	if err != nil {
+		return true
+	}
+	names, _ := d.Readdirnames(-1)
+	d.Close()
+	for _, n := range names {
+		if _, err := strconv.Atoi(n); err != nil {
+			continue
+		}
+		st, ok := readStat(n)
+		if !ok || st.pgrp != pgrp {
+			continue
+		}
+		parent, ok := readStat(strconv.Itoa(st.ppid))
+		if ok && parent.sid == st.sid && parent.pgrp != pgrp {
+			return false
+		}
+	}
+	return true
+}
+
+type statFields struct{ ppid, pgrp, sid int }
+
+// readStat reads a process's parent, process group and session from
+// /proc/PID/stat.
+func readStat(pid string) (statFields, bool) {
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return statFields{}, false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return statFields{}, false
+	}
+	f := bytes.Fields(b[i+1:]) // state ppid pgrp session ...
+	if len(f) < 4 {
+		return statFields{}, false
+	}
+	var st statFields
+	st.ppid, _ = strconv.Atoi(string(f[1]))
+	st.pgrp, _ = strconv.Atoi(string(f[2]))
+	st.sid, _ = strconv.Atoi(string(f[3]))
+	return st, true
 }

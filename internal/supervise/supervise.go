@@ -64,6 +64,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"strconv"
 	"strings"
 	"sync"
@@ -201,12 +202,33 @@ func Start(cfg Config) (*Job, error) {
 		return nil, j.fail(&StartError{Code: 126, Err: fmt.Errorf("starting the supervisor: %w", err)})
 	}
 	j.ctl = ctlW
+	if j.ttyPgrp != 0 {
+		go j.passContinue()
+	}
 	go j.watch(stR)
 	if err := <-j.started; err != nil {
 		<-j.done
 		return nil, err
 	}
 	return j, nil
+}
+
+// passContinue tells the supervisor each time dlock is continued (SIGCONT,
+// from the shell's fg or bg after a Ctrl-Z of the command stopped dlock's
+// group), so that it continues the command, in the terminal's foreground
+// when dlock has it; until the supervisor is gone.
+func (j *Job) passContinue() {
+	conts := make(chan os.Signal, 1)
+	signal.Notify(conts, syscall.SIGCONT)
+	defer signal.Stop(conts)
+	for {
+		select {
+		case <-conts:
+			j.send(opContinue, 0)
+		case <-j.done:
+			return
+		}
+	}
 }
 
 func (j *Job) fail(err error) error {
@@ -284,7 +306,7 @@ func (j *Job) watch(st *os.File) {
 	if j.ttyPgrp != 0 {
 		// The supervisor gave the terminal back before reporting; when it
 		// was killed first, dlock does.
-		if err := setForeground(j.ttyFd, j.ttyPgrp); err != nil {
+		if err := reclaimForeground(j.ttyFd, j.ttyPgrp, j.pid); err != nil {
 			j.warnf("could not take the terminal's foreground back from the command's process group: %v", err)
 		}
 	}

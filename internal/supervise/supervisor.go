@@ -35,6 +35,7 @@ const (
 	opSignal   = 's' // forward signal N to the command's process group
 	opLost     = 'l' // the lease is lost: SIGTERM everything, SIGKILL after the grace
 	opDeadline = 'd' // the lease's validity deadline moved (CLOCK_MONOTONIC ns; 0: none)
+	opContinue = 'c' // dlock was continued (SIGCONT): continue the command, in the foreground if dlock has it
 )
 
 // Reasons a supervised command ended, reported to dlock in the exit line.
@@ -81,6 +82,7 @@ type supervisor struct {
 	// signalled is reaped (and reusable) in between.
 	mu        sync.Mutex
 	jobExit   chan syscall.WaitStatus // the command's status, once
+	jobStop   chan syscall.Signal     // the terminal stop signal that stopped the command (with tty)
 	allReaped chan struct{}           // closed when the supervisor has no children left
 }
 
@@ -107,7 +109,8 @@ func supervise(conf string, argv []string) int {
 	syscall.CloseOnExec(fdStatus)
 	s := &supervisor{
 		cfg: cfg, status: os.NewFile(fdStatus, "status"), self: os.Getpid(),
-		jobExit: make(chan syscall.WaitStatus, 1), allReaped: make(chan struct{}),
+		jobExit: make(chan syscall.WaitStatus, 1), jobStop: make(chan syscall.Signal, 1),
+		allReaped: make(chan struct{}),
 	}
 	if cfg.Cgroup != "" {
 		s.cg = &cgroup{dir: cfg.Cgroup}
@@ -147,7 +150,7 @@ func supervise(conf string, argv []string) int {
 		// Everything the command started is gone: the terminal goes back
 		// to dlock's group before dlock learns that the command ended (it
 		// may be gone too, when dlock died: then the shell takes it).
-		if err := setForeground(0, s.cfg.Foreground); err != nil {
+		if err := reclaimForeground(0, s.cfg.Foreground, s.pid); err != nil {
 			s.report("debug giving the terminal back to process group %d: %v", s.cfg.Foreground, err)
 		}
 	}
@@ -230,21 +233,35 @@ func (s *supervisor) forkExec(path string, argv []string, attr *syscall.ProcAttr
 }
 
 // reap reaps every child of the supervisor (the command, and the orphans
-// re-parented to it as subreaper) until none is left.
+// re-parented to it as subreaper) until none is left. With the terminal
+// given to the command, it also reports the command stopped by a terminal
+// stop signal (Ctrl-Z), which run passes on to dlock's group.
 func (s *supervisor) reap() {
 	defer close(s.allReaped)
+	flags := syscall.WNOHANG | syscall.WALL
+	if s.tty {
+		flags |= syscall.WUNTRACED
+	}
 	for {
-		if err := awaitExitedChild(); err != nil {
+		if err := awaitChild(s.tty); err != nil {
 			return // ECHILD: no children left
 		}
 		s.mu.Lock()
 		for {
 			var ws syscall.WaitStatus
-			pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG|syscall.WALL, nil)
+			pid, err := syscall.Wait4(-1, &ws, flags, nil)
 			if err != nil || pid <= 0 {
 				break
 			}
-			if pid == s.pid {
+			switch {
+			case ws.Stopped():
+				if pid == s.pid && isTerminalStop(ws.StopSignal()) {
+					select {
+					case s.jobStop <- ws.StopSignal():
+					default:
+					}
+				}
+			case pid == s.pid:
 				s.jobExit <- ws
 			}
 		}
@@ -332,6 +349,14 @@ loop:
 					deadline = arg
 					setWatchdog()
 				}
+			case opContinue:
+				if reason == ReasonExited && s.tty {
+					s.resume()
+				}
+			}
+		case sig := <-s.jobStop:
+			if reason == ReasonExited {
+				s.suspend(sig)
 			}
 		case <-watchdog:
 			watchdog = nil
@@ -405,6 +430,47 @@ loop:
 	default:
 		return ws.ExitStatus(), reason
 	}
+}
+
+// suspend passes a terminal stop of the command (Ctrl-Z, or SIGTTIN or
+// SIGTTOU once in the background) on to dlock's process group, as a shell's
+// job: the terminal goes back to dlock's group, which is stopped with the
+// same signal, so the shell that runs dlock sees its job stopped and takes
+// the terminal. dlock does not renew its lease while stopped: if it stays
+// stopped past the lease's deadline, the watchdog ends the command.
+//
+// When dlock's group is orphaned (no job-control shell above it, as when
+// dlock leads its session: ssh -t host dlock run …), the kernel would
+// discard the stop and nothing could continue the command: it is continued
+// at once, in the foreground, and dlock says so.
+func (s *supervisor) suspend(sig syscall.Signal) {
+	if orphanedGroup(s.cfg.Foreground) {
+		s.report("warn the command was stopped by %v, but no job-control shell runs dlock to resume it: continuing it", sig)
+		if fg, err := tcgetpgrp(0); err == nil && (fg == s.cfg.Foreground || syscall.Kill(-fg, 0) == syscall.ESRCH) {
+			_ = setForeground(0, s.pid) // else a read stops it again (SIGTTIN)
+		}
+		_ = syscall.Kill(-s.pid, syscall.SIGCONT)
+		return
+	}
+	if fg, err := tcgetpgrp(0); err == nil && fg == s.pid { // not when in the background (bg)
+		if err := setForeground(0, s.cfg.Foreground); err != nil {
+			s.report("debug the command was stopped by %v; giving the terminal back to process group %d: %v", sig, s.cfg.Foreground, err)
+		}
+	}
+	s.report("debug the command was stopped by %v: stopping dlock's process group %d", sig, s.cfg.Foreground)
+	_ = syscall.Kill(-s.cfg.Foreground, sig)
+}
+
+// resume continues the command after dlock was continued: in the terminal's
+// foreground when dlock's group has it (the shell's fg), else in the
+// background (bg).
+func (s *supervisor) resume() {
+	if fg, err := tcgetpgrp(0); err == nil && fg == s.cfg.Foreground {
+		if err := setForeground(0, s.pid); err != nil {
+			s.report("debug giving the terminal to the command's process group %d: %v", s.pid, err)
+		}
+	}
+	_ = syscall.Kill(-s.pid, syscall.SIGCONT)
 }
 
 // signalAll sends sig to the command's process group, to every process in

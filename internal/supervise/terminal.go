@@ -35,9 +35,22 @@ package supervise
 // command's group directly and no longer to dlock: each reaches the command
 // once, and dlock's forwarding (of signals sent to dlock itself, e.g. by
 // kill or a shell's SIGHUP to its jobs) does not add a second copy of a
-// Ctrl-C. Ctrl-Z (SIGTSTP) stops the command only; dlock keeps the lease
-// and does not stop itself (job control is not passed through): resume the
-// command with kill -CONT, or end it.
+// Ctrl-C.
+//
+// # Job control
+//
+// Ctrl-Z stops the command's group. The supervisor (waiting with
+// WUNTRACED) passes the stop on as a shell's job would: it gives the
+// terminal back to dlock's group and stops that group with the same signal,
+// so the shell sees its job stopped and takes the terminal. On fg (or bg)
+// the shell continues dlock's group; dlock tells the supervisor, which gives
+// the terminal to the command's group again when dlock's group has it (fg,
+// not bg) and continues it. A stopped dlock renews nothing: stopped past the
+// lease's validity deadline, the command is terminated by the supervisor's
+// watchdog, as for any stopped dlock, and dlock exits 70 when continued.
+// At the end the terminal is given back to dlock's group only when the
+// command's group (or a group with no process left) has it, never taken
+// from a live group: the shell, after a Ctrl-Z.
 //
 // When stdin is not a terminal, or dlock runs in the background of its
 // terminal, nothing changes: the command is a background group, as before.
@@ -61,7 +74,7 @@ func foregroundOf(in any) (fd, pgrp int) {
 		return -1, 0
 	}
 	fd = int(f.Fd())
-	fg, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP)
+	fg, err := tcgetpgrp(fd)
 	if err != nil || fg != syscall.Getpgrp() {
 		return -1, 0
 	}
@@ -73,7 +86,7 @@ func foregroundOf(in any) (fd, pgrp int) {
 // background caller is not stopped (or, catching it, looped) by the kernel.
 // It does nothing when pgrp already is the foreground group.
 func setForeground(fd, pgrp int) error {
-	if fg, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP); err == nil && fg == pgrp {
+	if fg, err := tcgetpgrp(fd); err == nil && fg == pgrp {
 		return nil
 	}
 	runtime.LockOSThread()
@@ -87,4 +100,31 @@ func setForeground(fd, pgrp int) error {
 	err := unix.IoctlSetPointerInt(fd, unix.TIOCSPGRP, pgrp)
 	_ = unix.PthreadSigmask(unix.SIG_SETMASK, &old, nil)
 	return err
+}
+
+// tcgetpgrp returns the foreground process group of the terminal on fd; an
+// error when fd is not the caller's controlling terminal.
+func tcgetpgrp(fd int) (int, error) { return unix.IoctlGetInt(fd, unix.TIOCGPGRP) }
+
+// reclaimForeground gives the terminal on fd back to pgrp (dlock's group)
+// once the command is gone: when its foreground group is the command's own
+// (cmd, which was killed), or any group with no process left (one the
+// command made, such as a job of bash -i). A foreground group that is still
+// alive is left alone: it is the shell that runs dlock, which took the
+// terminal when dlock was stopped (Ctrl-Z), and must keep it.
+func reclaimForeground(fd, pgrp, cmd int) error {
+	fg, err := tcgetpgrp(fd)
+	if err != nil {
+		return err
+	}
+	if fg == pgrp || (fg != cmd && fg > 0 && syscall.Kill(-fg, 0) != syscall.ESRCH) {
+		return nil
+	}
+	return setForeground(fd, pgrp)
+}
+
+// isTerminalStop reports whether sig is one of the stop signals the
+// terminal sends (Ctrl-Z) or a background read or write of it causes.
+func isTerminalStop(sig syscall.Signal) bool {
+	return sig == syscall.SIGTSTP || sig == syscall.SIGTTIN || sig == syscall.SIGTTOU
 }
