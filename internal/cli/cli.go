@@ -324,7 +324,8 @@ func plainCause(err error) string {
 // Main runs the dlock tool with args (without the program name) and returns
 // the process exit code.
 func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	g := &globals{stdout: stdout, stderr: stderr, stdin: stdin, ownsStdout: true, fromEnvOrFile: map[string]bool{}}
+	// dlock run's stdout belongs to its command, even for usage errors.
+	g := &globals{stdout: stdout, stderr: stderr, stdin: stdin, ownsStdout: !isRun(args), fromEnvOrFile: map[string]bool{}}
 	root := newRoot(g)
 	root.SetArgs(args)
 	root.SetIn(stdin)
@@ -364,6 +365,19 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 		_ = jsonTo(w).Encode(obj)
 	}
 	return ee.code
+}
+
+// isRun reports whether args name the run command (before any "--").
+func isRun(args []string) bool {
+	for _, a := range args {
+		if a == "--" {
+			return false
+		}
+		if a == "run" {
+			return true
+		}
+	}
+	return false
 }
 
 // runWithoutDash reports whether args are a dlock run without "--".

@@ -176,7 +176,6 @@ Exit status:
 		},
 		ValidArgsFunction: completeKeys(g, 0),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			g.ownsStdout = false
 			if cmd.Flags().Changed("wait-timeout") {
 				f.wait = true // --wait-timeout implies --wait, as flock -w
 			}
