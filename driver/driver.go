@@ -30,11 +30,22 @@
 //     queue or a watch on the predecessor) instead of backoff polling.
 //   - Inspector: reports the current holder of a key and lists held keys.
 //
-// A driver that can push loss (a ZooKeeper session expiry, a dropped
-// PostgreSQL session, a revoked etcd lease, dlockd's Watch stream) sets
-// Grant.Lost. A driver that can only hint that a grant may be gone (a Redis
-// pub/sub message sent by a release or force release) sets Grant.Recheck;
-// the root package answers a hint by renewing at once.
+// A driver that can push loss sets Grant.Lost; one that can only hint that
+// a grant may be gone sets Grant.Recheck, which the root package answers by
+// renewing at once. Per store:
+//
+//   - dlockd: Lost, from the driver's Watch stream (expiry, force release,
+//     a handover not claimed).
+//   - etcd: Lost, from a watch on the grant's entry (lease expired or
+//     revoked, entry deleted).
+//   - ZooKeeper: Lost, when the session expires or the connection drops.
+//   - PostgreSQL advisory locks (pgadvisory): Lost, when the lease's
+//     session ends.
+//   - Redis (redis://, with release hints on, as by URL): Recheck, from a
+//     pub/sub message on the key's channel that a release or force
+//     release publishes; expiry publishes nothing.
+//   - PostgreSQL lease table (pgdriver), Redlock, mem: neither; loss is
+//     found by the next renewal or the validity deadline.
 //
 // # Invalid input
 //

@@ -417,20 +417,22 @@ func (d *Driver) isClosed() bool {
 	return d.closed
 }
 
-func storeErr(op, key string, err error) error {
+// storeErr wraps an error of op. The root package adds the key and the
+// store's URL, so they are not repeated here.
+func storeErr(op string, err error) error {
 	if errors.Is(err, driver.ErrLeaseLost) || errors.Is(err, driver.ErrNotAcquired) || errors.Is(err, driver.ErrClosed) {
-		return fmt.Errorf("etcddriver: %s %q: %w", op, key, err)
+		return fmt.Errorf("etcddriver: %s: %w", op, err)
 	}
 	if errors.Is(err, driver.ErrInvalidArgument) {
 		return fmt.Errorf("etcddriver: %s: %w", op, err)
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("etcddriver: %s %q: %w", op, key, err)
+		return fmt.Errorf("etcddriver: %s: %w", op, err)
 	}
 	if refused(err) {
 		return urlparam.Wrap("etcddriver: "+op+": etcd refused the request", err)
 	}
-	return fmt.Errorf("etcddriver: %s %q: %w: %w", op, key, driver.ErrUnavailable, err)
+	return fmt.Errorf("etcddriver: %s: %w: %w", op, driver.ErrUnavailable, err)
 }
 
 // refused reports whether err is an answer in which etcd refused the
@@ -542,18 +544,18 @@ func (d *Driver) revoke(ctx context.Context, id clientv3.LeaseID) {
 // driver.ErrNotAcquired.
 func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
 	if d.isClosed() {
-		return driver.Grant{}, storeErr("acquire", req.Key, driver.ErrClosed)
+		return driver.Grant{}, storeErr("acquire", driver.ErrClosed)
 	}
 	if err := driver.CheckRequest(req); err != nil {
-		return driver.Grant{}, storeErr("acquire", req.Key, err)
+		return driver.Grant{}, storeErr("acquire", err)
 	}
 	q, err := d.enqueue(ctx, req)
 	if err != nil {
-		return driver.Grant{}, storeErr("acquire", req.Key, err)
+		return driver.Grant{}, storeErr("acquire", err)
 	}
 	if q.pred != "" {
 		d.revoke(ctx, q.lease)
-		return driver.Grant{}, storeErr("acquire", req.Key, driver.ErrNotAcquired)
+		return driver.Grant{}, storeErr("acquire", driver.ErrNotAcquired)
 	}
 	return d.granted(req, q.lease, q.rev)
 }
@@ -565,7 +567,7 @@ func (d *Driver) granted(req driver.AcquireRequest, id clientv3.LeaseID, rev int
 	if d.closed {
 		d.mu.Unlock()
 		d.revoke(context.Background(), id)
-		return driver.Grant{}, storeErr("acquire", req.Key, driver.ErrClosed)
+		return driver.Grant{}, storeErr("acquire", driver.ErrClosed)
 	}
 	if old, ok := d.grants[k]; ok && old.fence == rev {
 		d.mu.Unlock()
@@ -671,30 +673,30 @@ func (d *Driver) lookup(ctx context.Context, k string) (clientv3.LeaseID, int64,
 // replaced.
 func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration) error {
 	if d.isClosed() {
-		return storeErr("renew", key, driver.ErrClosed)
+		return storeErr("renew", driver.ErrClosed)
 	}
 	if err := driver.CheckGrant(key, owner, ttl); err != nil {
-		return storeErr("renew", key, err)
+		return storeErr("renew", err)
 	}
 	k := d.entry(key, owner)
 	id, fence, err := d.lookup(ctx, k)
 	if err != nil {
-		return storeErr("renew", key, err)
+		return storeErr("renew", err)
 	}
 	if _, err := d.cli.KeepAliveOnce(ctx, id); err != nil {
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			d.forget(k)
-			return storeErr("renew", key, fmt.Errorf("%w: etcd lease %x not found", driver.ErrLeaseLost, int64(id)))
+			return storeErr("renew", fmt.Errorf("%w: etcd lease %x not found", driver.ErrLeaseLost, int64(id)))
 		}
-		return storeErr("renew", key, err)
+		return storeErr("renew", err)
 	}
 	resp, err := d.cli.Get(ctx, k)
 	if err != nil {
-		return storeErr("renew", key, err)
+		return storeErr("renew", err)
 	}
 	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != fence {
 		d.forget(k)
-		return storeErr("renew", key, fmt.Errorf("%w: entry deleted", driver.ErrLeaseLost))
+		return storeErr("renew", fmt.Errorf("%w: entry deleted", driver.ErrLeaseLost))
 	}
 	return nil
 }
@@ -704,7 +706,7 @@ func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration
 // when the entry is not there.
 func (d *Driver) Release(ctx context.Context, key, owner string) error {
 	if err := driver.CheckOwned(key, owner); err != nil {
-		return storeErr("release", key, err)
+		return storeErr("release", err)
 	}
 	k := d.entry(key, owner)
 	g := d.forget(k)
@@ -714,11 +716,11 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 		id, fence = g.lease, g.fence
 	} else {
 		if d.isClosed() {
-			return storeErr("release", key, driver.ErrClosed)
+			return storeErr("release", driver.ErrClosed)
 		}
 		var err error
 		if id, fence, err = d.lookup(ctx, k); err != nil {
-			return storeErr("release", key, err)
+			return storeErr("release", err)
 		}
 	}
 	resp, err := d.cli.Txn(ctx).
@@ -726,7 +728,7 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 		Then(clientv3.OpDelete(k)).
 		Commit()
 	if err != nil {
-		return storeErr("release", key, err)
+		return storeErr("release", err)
 	}
 	// The entry is gone (or was not ours); its lease holds nothing now.
 	// Revoke it off the caller's path, so a waiter is told as soon as the
@@ -741,7 +743,7 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 	}
 	d.mu.Unlock()
 	if !resp.Succeeded {
-		return storeErr("release", key, driver.ErrLeaseLost)
+		return storeErr("release", driver.ErrLeaseLost)
 	}
 	return nil
 }
@@ -758,10 +760,10 @@ var errWaiterLost = errors.New("the waiter's own etcd lease or entry is gone")
 // error matching ctx.Err().
 func (d *Driver) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
 	if d.isClosed() {
-		return driver.Grant{}, storeErr("wait", req.Key, driver.ErrClosed)
+		return driver.Grant{}, storeErr("wait", driver.ErrClosed)
 	}
 	if err := driver.CheckRequest(req); err != nil {
-		return driver.Grant{}, storeErr("wait", req.Key, err)
+		return driver.Grant{}, storeErr("wait", err)
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -902,11 +904,11 @@ type keeper struct {
 func (d *Driver) waitErr(ctx context.Context, key string, err error) error {
 	if ctx.Err() != nil {
 		if cause := context.Cause(ctx); errors.Is(cause, driver.ErrClosed) {
-			return storeErr("wait", key, driver.ErrClosed)
+			return storeErr("wait", driver.ErrClosed)
 		}
 		return fmt.Errorf("etcddriver: wait %q: %w", key, ctx.Err())
 	}
-	return storeErr("wait", key, err)
+	return storeErr("wait", err)
 }
 
 // Inspect returns the holder of key (the entry with the lowest create
@@ -915,14 +917,14 @@ func (d *Driver) waitErr(ctx context.Context, key string, err error) error {
 // the key is free.
 func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, error) {
 	if err := driver.CheckKey(key); err != nil {
-		return driver.HolderInfo{}, storeErr("inspect", key, err)
+		return driver.HolderInfo{}, storeErr("inspect", err)
 	}
 	resp, err := d.cli.Get(ctx, d.dir(key), append(clientv3.WithFirstCreate(), clientv3.WithPrefix())...)
 	if err != nil {
-		return driver.HolderInfo{}, storeErr("inspect", key, err)
+		return driver.HolderInfo{}, storeErr("inspect", err)
 	}
 	if len(resp.Kvs) == 0 {
-		return driver.HolderInfo{}, storeErr("inspect", key, driver.ErrNotAcquired)
+		return driver.HolderInfo{}, storeErr("inspect", driver.ErrNotAcquired)
 	}
 	kv := resp.Kvs[0]
 	info := d.info(key, kv)
@@ -957,7 +959,7 @@ func (d *Driver) info(key string, kv *mvccpb.KeyValue) driver.HolderInfo {
 func (d *Driver) List(ctx context.Context, prefix string) ([]driver.HolderInfo, error) {
 	resp, err := d.cli.Get(ctx, d.locks+escapeKey(prefix), clientv3.WithPrefix())
 	if err != nil {
-		return nil, storeErr("list", prefix, err)
+		return nil, storeErr("list", err)
 	}
 	type held struct {
 		kv    *mvccpb.KeyValue

@@ -333,14 +333,14 @@ func TestDriver_InspectAndList(t *testing.T) {
 	keys := []string{"job/a%", "job/a_", "job/b", "other", `'; DROP TABLE x; --`}
 	fences := map[string]uint64{}
 	for _, k := range keys {
-		fences[k] = mustGrant(t, d, req(k, "owner-"+k+"-0123456789abcdef", 2*time.Second)).Fence
+		fences[k] = mustGrant(t, d, req(k, fmt.Sprintf("owner-%x-0123456789abcdef", k), 2*time.Second)).Fence
 	}
 	info, err := d.Inspect(t.Context(), "job/b")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if info.Key != "job/b" || info.Fence != fences["job/b"] || info.TTL != 2*time.Second || info.Waiters != -1 ||
-		info.Remaining <= 0 || info.Remaining > 2*time.Second || !strings.HasPrefix(info.Holder, "test owner-job/b") {
+		info.Remaining <= 0 || info.Remaining > 2*time.Second || !strings.HasPrefix(info.Holder, fmt.Sprintf("test owner-%x", "job/b")) {
 		t.Fatalf("Inspect = %+v", info)
 	}
 	for _, tc := range []struct {

@@ -21,7 +21,7 @@ func TestSchemas_AreIndependent(t *testing.T) {
 	otherTable := newDriver(t, newPool(t, pg), &pgdriver.Options{Schema: "a", Table: "other"})
 	drivers := []*pgdriver.Driver{a, b, public, otherTable}
 	keys := []string{"k", "a", "b", "public", "dlock_locks", "a.dlock_locks", `"a"."dlock_locks"`}
-	owner := func(i int, k string) string { return fmt.Sprintf("owner-%d-%s-0123456789abcdef", i, k) }
+	owner := func(i int, k string) string { return fmt.Sprintf("owner-%d-%x-0123456789abcdef", i, k) }
 	fences := map[int]map[string]uint64{}
 	for i, d := range drivers {
 		fences[i] = map[string]uint64{}

@@ -559,17 +559,18 @@ func sortChildren(children []string) {
 
 func grantKey(key, owner string) string { return key + "\x00" + owner }
 
-func storeErr(op, key string, err error) error {
+// storeErr wraps an error of op. The root package adds the key and the
+// store's URL, so they are not repeated here.
+func storeErr(op string, err error) error {
 	switch {
-	case errors.Is(err, driver.ErrInvalidArgument):
+	case errors.Is(err, driver.ErrInvalidArgument), errors.Is(err, driver.ErrLeaseLost), errors.Is(err, driver.ErrNotAcquired),
+		errors.Is(err, driver.ErrClosed), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, driver.ErrUnavailable):
 		return fmt.Errorf("zkdriver: %s: %w", op, err)
-	case errors.Is(err, driver.ErrLeaseLost), errors.Is(err, driver.ErrNotAcquired), errors.Is(err, driver.ErrClosed),
-		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.Is(err, driver.ErrUnavailable):
-		return fmt.Errorf("zkdriver: %s %q: %w", op, key, err)
 	case refused(err):
 		return urlparam.Wrap("zkdriver: "+op+": ZooKeeper refused the request", err)
 	}
-	return fmt.Errorf("zkdriver: %s %q: %w: %w", op, key, driver.ErrUnavailable, err)
+	return fmt.Errorf("zkdriver: %s: %w: %w", op, driver.ErrUnavailable, err)
 }
 
 // refused reports whether err is an answer in which ZooKeeper refused the
@@ -818,19 +819,19 @@ func (d *Driver) exists(ctx context.Context, p string) (*zk.Stat, error) {
 // driver.ErrNotAcquired.
 func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
 	if err := driver.CheckRequest(req); err != nil {
-		return driver.Grant{}, storeErr("acquire", req.Key, err)
+		return driver.Grant{}, storeErr("acquire", err)
 	}
 	e, err := d.enqueue(ctx, req)
 	if err != nil {
-		return driver.Grant{}, storeErr("acquire", req.Key, err)
+		return driver.Grant{}, storeErr("acquire", err)
 	}
 	if len(e.children) == 0 || e.children[0] != e.name {
 		d.dropNode(ctx, e)
-		return driver.Grant{}, storeErr("acquire", req.Key, driver.ErrNotAcquired)
+		return driver.Grant{}, storeErr("acquire", driver.ErrNotAcquired)
 	}
 	g, err := d.granted(ctx, req, e)
 	if err != nil {
-		return driver.Grant{}, storeErr("acquire", req.Key, err)
+		return driver.Grant{}, storeErr("acquire", err)
 	}
 	return g, nil
 }
@@ -842,7 +843,7 @@ func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (dri
 // matching ctx.Err().
 func (d *Driver) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
 	if err := driver.CheckRequest(req); err != nil {
-		return driver.Grant{}, storeErr("wait", req.Key, err)
+		return driver.Grant{}, storeErr("wait", err)
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -921,11 +922,11 @@ func (d *Driver) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Gr
 func (d *Driver) waitErr(ctx context.Context, key string, err error) error {
 	if ctx.Err() != nil {
 		if cause := context.Cause(ctx); errors.Is(cause, driver.ErrClosed) {
-			return storeErr("wait", key, driver.ErrClosed)
+			return storeErr("wait", driver.ErrClosed)
 		}
 		return fmt.Errorf("zkdriver: wait %q: %w", key, ctx.Err())
 	}
-	return storeErr("wait", key, err)
+	return storeErr("wait", err)
 }
 
 // find returns owner's node on key: from the driver's grants, else by
@@ -989,21 +990,21 @@ func (d *Driver) owned(ctx context.Context, p string, gi grantInfo, known bool) 
 // driver.ErrLeaseLost otherwise.
 func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration) error {
 	if err := driver.CheckGrant(key, owner, ttl); err != nil {
-		return storeErr("renew", key, err)
+		return storeErr("renew", err)
 	}
 	if _, err := d.current(); errors.Is(err, driver.ErrClosed) {
-		return storeErr("renew", key, err)
+		return storeErr("renew", err)
 	}
 	sent := time.Now()
 	p, gi, known, err := d.find(ctx, key, owner)
 	if err != nil {
-		return storeErr("renew", key, err)
+		return storeErr("renew", err)
 	}
 	if _, err := d.owned(ctx, p, gi, known); err != nil {
 		if errors.Is(err, driver.ErrLeaseLost) {
 			d.forget(key, owner)
 		}
-		return storeErr("renew", key, err)
+		return storeErr("renew", err)
 	}
 	if known {
 		gk := grantKey(key, owner)
@@ -1011,7 +1012,7 @@ func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration
 		x := d.expiries[gk]
 		if x == nil {
 			d.mu.Unlock()
-			return storeErr("renew", key, fmt.Errorf("%w: not renewed within its TTL", driver.ErrLeaseLost))
+			return storeErr("renew", fmt.Errorf("%w: not renewed within its TTL", driver.ErrLeaseLost))
 		}
 		x.until = sent.Add(ttl)
 		d.mu.Unlock()
@@ -1035,14 +1036,14 @@ func (d *Driver) forget(key, owner string) {
 // there is no such node.
 func (d *Driver) Release(ctx context.Context, key, owner string) error {
 	if err := driver.CheckOwned(key, owner); err != nil {
-		return storeErr("release", key, err)
+		return storeErr("release", err)
 	}
 	if _, err := d.current(); errors.Is(err, driver.ErrClosed) {
-		return storeErr("release", key, err)
+		return storeErr("release", err)
 	}
 	p, gi, known, err := d.find(ctx, key, owner)
 	if err != nil {
-		return storeErr("release", key, err)
+		return storeErr("release", err)
 	}
 	var version int32
 	if gen, _ := d.current(); known && gen != nil && gi.gen == gen {
@@ -1057,7 +1058,7 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 			if errors.Is(err, driver.ErrLeaseLost) {
 				d.forget(key, owner)
 			}
-			return storeErr("release", key, err)
+			return storeErr("release", err)
 		}
 		version = stat.Version
 	}
@@ -1074,7 +1075,7 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 		d.mu.Unlock()
 	}
 	if err != nil {
-		return storeErr("release", key, err)
+		return storeErr("release", err)
 	}
 	return nil
 }
@@ -1084,16 +1085,16 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 // ZooKeeper does not expose when a session would expire.
 func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, error) {
 	if err := driver.CheckKey(key); err != nil {
-		return driver.HolderInfo{}, storeErr("inspect", key, err)
+		return driver.HolderInfo{}, storeErr("inspect", err)
 	}
 	dir := d.dir(key)
 	for range 3 {
 		children, err := d.children(ctx, dir)
 		if errors.Is(err, zk.ErrNoNode) || (err == nil && len(children) == 0) {
-			return driver.HolderInfo{}, storeErr("inspect", key, driver.ErrNotAcquired)
+			return driver.HolderInfo{}, storeErr("inspect", driver.ErrNotAcquired)
 		}
 		if err != nil {
-			return driver.HolderInfo{}, storeErr("inspect", key, err)
+			return driver.HolderInfo{}, storeErr("inspect", err)
 		}
 		type got struct {
 			data []byte
@@ -1107,13 +1108,13 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, er
 			continue // released meanwhile: list again
 		}
 		if err != nil {
-			return driver.HolderInfo{}, storeErr("inspect", key, err)
+			return driver.HolderInfo{}, storeErr("inspect", err)
 		}
 		var v value
 		_ = json.Unmarshal(r.data, &v)
 		return driver.HolderInfo{Key: key, Fence: uint64(r.stat.Czxid), Holder: v.Holder, TTL: v.TTL, Waiters: len(children) - 1}, nil
 	}
-	return driver.HolderInfo{}, storeErr("inspect", key, fmt.Errorf("%w: the holder kept changing", driver.ErrUnavailable))
+	return driver.HolderInfo{}, storeErr("inspect", fmt.Errorf("%w: the holder kept changing", driver.ErrUnavailable))
 }
 
 // List returns the held keys starting with prefix, sorted by key.
@@ -1123,7 +1124,7 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]driver.HolderInfo, 
 		return c, err
 	}, nil)
 	if err != nil {
-		return nil, storeErr("list", prefix, err)
+		return nil, storeErr("list", err)
 	}
 	esc := escapeKey(prefix)
 	var out []driver.HolderInfo
