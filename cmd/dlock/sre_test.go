@@ -193,6 +193,10 @@ func testComesUp(t *testing.T, store string, flags []string, start func() error)
 		if err != nil || strings.TrimSpace(out.String()) != "ran" {
 			t.Fatalf("run started while the store was down: %v, stdout %q\nstderr: %s", err, out.String(), errb.String())
 		}
+		// It said once that it was retrying, and why.
+		if n := strings.Count(errb.String(), "retrying for up to"); n != 1 || !strings.Contains(errb.String(), "connection refused") {
+			t.Fatalf("stderr %q: want one line saying it retries the unreachable store", errb.String())
+		}
 	case <-time.After(60 * time.Second):
 		t.Fatalf("run still going 60s after the store came up\nstderr: %s", errb.String())
 	}

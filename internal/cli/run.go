@@ -317,7 +317,26 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 	}
 	// The supervisor learns of every renewal at once: it terminates the
 	// command when the validity deadline passes unrenewed.
-	renewed := &renewObserver{}
+	var sayOnce atomic.Bool
+	sayRetrying := func(cause error) {
+		if sayOnce.Swap(true) {
+			return
+		}
+		budget := fmt.Sprintf("for up to %v (--retry-for)", f.retryFor)
+		switch {
+		case retried < 0:
+			budget = "until the key is granted or the wait is interrupted"
+		case f.wait && !retrySet:
+			budget = fmt.Sprintf("for up to %v (--wait-timeout)", retried)
+		}
+		fmt.Fprintf(g.stderr, "dlock: acquire %q: cannot reach the store at %s (%s); retrying %s\n", key, g.storeAddr(), plainCause(cause), budget)
+	}
+	renewed := &renewObserver{retry: func(e dlock.RetryEvent) { sayRetrying(e.Err) }}
+	if g.debug {
+		renewed.debugf = func(format string, args ...any) {
+			fmt.Fprintf(g.stderr, "dlock: debug: "+format+"\n", args...)
+		}
+	}
 	opts = append(opts, dlock.WithObserver(renewed))
 
 	// From here on SIGINT, SIGTERM and SIGHUP never kill dlock: before the
@@ -346,7 +365,7 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 		}
 		return nil
 	}
-	locker, err := g.openRetrying(actx, retried)
+	locker, err := g.openRetrying(actx, retried, sayRetrying)
 	if intr := endWatch(); intr != nil {
 		if locker != nil {
 			_ = locker.Close()
@@ -529,8 +548,24 @@ func heldMessage(ctx context.Context, g *globals, l *dlock.Locker, f *runFlags, 
 }
 
 // renewObserver calls on after each confirmed renewal; dlock run uses it to
-// pass the lease's new validity deadline to the supervisor at once.
-type renewObserver struct{ on atomic.Pointer[func()] }
+// pass the lease's new validity deadline to the supervisor at once. It also
+// passes each retry of an unreachable store to retry (when set) and, with
+// --debug, to debugf.
+type renewObserver struct {
+	on      atomic.Pointer[func()]
+	retry   func(e dlock.RetryEvent)
+	debugf  func(format string, args ...any)
+}
+
+// AcquireRetry implements dlock.RetryObserver.
+func (o *renewObserver) AcquireRetry(e dlock.RetryEvent) {
+	if o.retry != nil {
+		o.retry(e)
+	}
+	if o.debugf != nil {
+		o.debugf("retry %d after %v, next in %v: %v", e.Attempt, e.Elapsed.Round(time.Millisecond), e.Backoff.Round(time.Millisecond), e.Err)
+	}
+}
 
 func (o *renewObserver) AcquireDone(dlock.AcquireEvent) {}
 func (o *renewObserver) LeaseEnded(dlock.EndEvent)      {}
@@ -609,8 +644,9 @@ func waitPermits(ctx context.Context, l *dlock.Locker, f *runFlags, key string, 
 }
 
 // openRetrying opens the store, retrying an unreachable one for up to
-// retryFor (0: once; negative: until ctx ends).
-func (g *globals) openRetrying(ctx context.Context, retryFor time.Duration) (*dlock.Locker, error) {
+// retryFor (0: once; negative: until ctx ends); retrying is told of each
+// failure that is retried.
+func (g *globals) openRetrying(ctx context.Context, retryFor time.Duration, retrying func(cause error)) (*dlock.Locker, error) {
 	deadline := time.Now().Add(retryFor)
 	for {
 		l, err := g.open(ctx)
@@ -618,6 +654,11 @@ func (g *globals) openRetrying(ctx context.Context, retryFor time.Duration) (*dl
 		if err == nil || !errors.As(err, &ee) || ee.code != ExitUnavailable || retryFor == 0 || (retryFor > 0 && time.Now().After(deadline)) {
 			return l, err
 		}
+		cause := error(ee)
+		if ee.detail != nil {
+			cause = ee.detail
+		}
+		retrying(cause)
 		select {
 		case <-ctx.Done():
 			return nil, err
