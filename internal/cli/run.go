@@ -552,9 +552,9 @@ func heldMessage(ctx context.Context, g *globals, l *dlock.Locker, f *runFlags, 
 // passes each retry of an unreachable store to retry (when set) and, with
 // --debug, to debugf.
 type renewObserver struct {
-	on      atomic.Pointer[func()]
-	retry   func(e dlock.RetryEvent)
-	debugf  func(format string, args ...any)
+	on     atomic.Pointer[func()]
+	retry  func(e dlock.RetryEvent)
+	debugf func(format string, args ...any)
 }
 
 // AcquireRetry implements dlock.RetryObserver.
