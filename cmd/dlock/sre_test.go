@@ -792,3 +792,30 @@ func TestRun_SignalDuringRetryIs143(t *testing.T) {
 	}
 	mustNotExist(t, marker, "after SIGTERM")
 }
+
+// During dlockd's lock-delay after a force release, status does not call a
+// key with a queued waiter free.
+func TestStatus_LockDelayIsNotFree(t *testing.T) {
+	p := servertest.StartProcess(t)
+	store := "dlockd://" + p.Addr() + "?lock_delay=5s"
+	startHolder(t, store, "delay:key", "--ttl", "1h")
+	waiter := command(store, "run", "--wait-timeout", "30s", "delay:key", "--", "true")
+	if err := waiter.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waiterDone := make(chan error, 1)
+	go func() { waiterDone <- waiter.Wait() }()
+	defer func() { _ = waiter.Process.Kill(); <-waiterDone }()
+	awaitWaiters(t, store, "delay:key", 1)
+	wantCode(t, dlock(t, store, "release", "--force", "delay:key", "--reason", "test"), 0)
+	res := dlock(t, store, "status", "delay:key")
+	wantCode(t, res, 0)
+	select {
+	case <-waiterDone:
+		t.Fatal("the waiter was granted within the 5s lock-delay")
+	default:
+	}
+	if strings.Contains(res.stdout, "free") || !strings.Contains(res.stdout, "1 waiter(s) queued") {
+		t.Fatalf("status during the lock-delay: %q", res.stdout)
+	}
+}

@@ -65,9 +65,10 @@ the time left before the store expires it, and the queued waiters where the
 store keeps a queue ("-" where it does not). A free key prints "free".
 
 A key or holder with control characters (a newline, an escape) is printed
-quoted, as "a\nb". dlockd's lock-delay (a key kept from new holders for a
-moment after a lost grant) is not reported by the store: such a key shows
-as free although an acquisition still waits.
+quoted, as "a\nb". A key in dlockd's lock-delay (kept from new holders
+for a moment after a lost grant) with waiters queued shows as "not held, N
+waiter(s) queued"; without waiters the store does not tell the CLI about
+the delay, and it shows as free.
 
 Exit status: 0 (held or free), 64 for an invalid key, 69 when the store
 could not be reached, 78 when the store cannot inspect (Redlock). With -o
@@ -85,8 +86,18 @@ json an error is {"error", "code", "exit_code"} on stdout.`,
 			info, err := l.Inspect(cmd.Context(), args[0])
 			switch {
 			case errors.Is(err, dlock.ErrNotAcquired):
+				// Waiters on a free key: dlockd's lock-delay holds them back
+				// (or the next grant is under way). Not "free" then.
+				queued := info.Waiters > 0
 				if g.json() {
-					g.printJSON(holderJSON{Key: args[0]})
+					out := holderJSON{Key: args[0]}
+					if queued {
+						w := info.Waiters
+						out.Waiters = &w
+					}
+					g.printJSON(out)
+				} else if queued {
+					fmt.Fprintf(g.stdout, "%s: not held, %d waiter(s) queued (a lock-delay after a lost grant, or the next grant under way)\n", quoteIfControl(args[0]), info.Waiters)
 				} else {
 					fmt.Fprintf(g.stdout, "%s: free\n", quoteIfControl(args[0]))
 				}
