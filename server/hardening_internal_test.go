@@ -223,3 +223,28 @@ func TestHTTP_UndeliveredHandoverIsReleasedAtOnce(t *testing.T) {
 		t.Fatalf("the undelivered grant is still held by %s", v.grant.owner)
 	}
 }
+
+// TestServer_CancelledAcquisitionLeavesNothing: an acquisition whose
+// caller is gone by the time its entry is applied (a cancelled Session
+// call, a dropped connection) answers CANCELLED and leaves neither a grant
+// nor a queue entry: nobody would ever release them.
+func TestServer_CancelledAcquisitionLeavesNothing(t *testing.T) {
+	s := startTestServer(t, testConfig(t))
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if _, err := s.acquire(ctx, acquireIn{key: "free", owner: "owner-a-0000", ttl: time.Hour}, nil, nil); err == nil {
+		t.Fatal("a cancelled try was granted")
+	}
+	if v, ok := s.fsm.get("free"); ok {
+		t.Fatalf("a cancelled try left %+v", v)
+	}
+	if _, err := s.acquire(t.Context(), acquireIn{key: "held", owner: "owner-h-0000", ttl: time.Hour}, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.acquire(ctx, acquireIn{key: "held", owner: "owner-w-0000", ttl: time.Hour, wait: true}, nil, nil); err == nil {
+		t.Fatal("a cancelled wait was granted")
+	}
+	if v, _ := s.fsm.peek("held", "owner-w-0000"); v.queued || v.waiters != 0 {
+		t.Fatalf("a cancelled wait left a queue entry: %+v", v)
+	}
+}
