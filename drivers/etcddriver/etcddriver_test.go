@@ -458,7 +458,9 @@ func TestDriver_StoreOutage(t *testing.T) {
 		t.Fatalf("ErrUnavailable after %v", el)
 	}
 	start = time.Now()
-	_, err = locker.Acquire(ctx, "outage2", dlock.WithTTL(time.Second))
+	// No retry budget: a waiting Acquire reports the outage at its first
+	// store error (by default it retries until its ctx ends).
+	_, err = locker.Acquire(ctx, "outage2", dlock.WithTTL(time.Second), dlock.WithRetryFor(0))
 	if !errors.Is(err, dlock.ErrUnavailable) {
 		t.Fatalf("Acquire with store down err = %v, want ErrUnavailable", err)
 	}

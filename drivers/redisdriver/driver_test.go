@@ -340,7 +340,7 @@ func TestInspector_InspectAndList(t *testing.T) {
 	held := []string{"list/b", "list/a*", "list/[x]", "list/a", "list/%7B"}
 	fences := map[string]uint64{}
 	for _, k := range held {
-		fences[k] = acquire(t, d, k, "owner "+k, 3*time.Second)
+		fences[k] = acquire(t, d, k, fmt.Sprintf("owner-%x", k), 3*time.Second)
 	}
 	acquire(t, d, "lisT/other", "o", 3*time.Second)
 	acquire(t, d, "list-no-slash", "o", 3*time.Second)
@@ -362,7 +362,7 @@ func TestInspector_InspectAndList(t *testing.T) {
 		t.Fatalf("List(list/) = %+v, want keys %q", infos, want)
 	}
 	for i, info := range infos {
-		if info.Key != want[i] || info.Fence != fences[info.Key] || info.Holder != "holder of owner "+info.Key ||
+		if info.Key != want[i] || info.Fence != fences[info.Key] || info.Holder != fmt.Sprintf("holder of owner-%x", info.Key) ||
 			info.TTL != 3*time.Second || info.Remaining <= 0 || info.Remaining > 3*time.Second || info.Waiters != -1 {
 			t.Errorf("List[%d] = %+v; want key %q fence %d", i, info, want[i], fences[want[i]])
 		}
