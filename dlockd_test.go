@@ -162,8 +162,10 @@ func TestDlockd_TryAcquireRetryFor(t *testing.T) {
 			t.Fatalf("TryAcquire with dlockd down = %v after %v, want ErrUnavailable at once", err, took)
 		}
 		prefix := `dlock: acquire "job" on dlockd://` + srv.Addr() + `: store unavailable: `
-		if !strings.HasPrefix(err.Error(), prefix) || !strings.Contains(err.Error(), "connection refused") {
-			t.Fatalf("error %q, want it to start %q and say the connection was refused", err, prefix)
+		// Refused, or reset when the stopped server's socket was still
+		// closing.
+		if !strings.HasPrefix(err.Error(), prefix) || !strings.Contains(err.Error(), "connect") {
+			t.Fatalf("error %q, want it to start %q and say the connection failed", err, prefix)
 		}
 	}
 
