@@ -240,7 +240,8 @@ when the key is held under another fence, 1 and "not current (the key is
 free)" when nobody holds it. Inside dlock run, pass "$DLOCK_FENCE". This is the weaker check: the answer can change the
 moment after it is given, so a resource that can store the greatest fence it
 has seen (package dlock/fence) should do that instead.`,
-		Example: `  dlock fence check payout:2026-09 "$DLOCK_FENCE" && ./write-result`,
+		Example:           `  dlock fence check payout:2026-09 "$DLOCK_FENCE" && ./write-result`,
+		ValidArgsFunction: completeKeys(g, 0),
 		Args: func(cmd *cobra.Command, args []string) error {
 			switch len(args) {
 			case 2:

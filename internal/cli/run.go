@@ -377,9 +377,11 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 	var ee *exitError
 	switch {
 	case err != nil && f.failOpen && errors.As(err, &ee) && ee.code == ExitUnavailable:
-		fmt.Fprintf(g.stderr, "dlock: store unreachable, running %q WITHOUT a lock (--fail-open): %v\n", key, err)
+		fmt.Fprintf(g.stderr, "dlock: cannot reach the store at %s (%s); running %q WITHOUT a lock (--fail-open)\n", g.storeAddr(), plainCause(ee.detail), key)
 	case err != nil && errors.As(err, &ee) && ee.code == ExitUsage:
 		return invalid(ee.err)
+	case err != nil && errors.As(err, &ee) && ee.code == ExitUnavailable && ee.detail != nil:
+		return report(ExitUnavailable, "unavailable", g.unavailable("acquire", key, ee.detail, retried))
 	case err != nil:
 		return report(ExitUnavailable, "unavailable", err)
 	default:
@@ -400,7 +402,7 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 		}
 		switch {
 		case err == nil && lease.Degraded():
-			fmt.Fprintf(g.stderr, "dlock: store unavailable, running %q WITHOUT a lock (--fail-open)\n", key)
+			fmt.Fprintf(g.stderr, "dlock: cannot reach the store at %s; running %q WITHOUT a lock (--fail-open)\n", g.storeAddr(), key)
 		case err == nil:
 		case errors.Is(err, dlock.ErrInvalidArgument):
 			return invalid(err)
