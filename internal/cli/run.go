@@ -315,8 +315,7 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 	} else if retried = f.waitTimeout; retried == 0 {
 		retried = -1 // until the wait ends
 	}
-	// The supervisor learns of every renewal at once: it terminates the
-	// command when the validity deadline passes unrenewed.
+	// The first retry of an unreachable store is said on stderr, once.
 	var sayOnce atomic.Bool
 	sayRetrying := func(cause error) {
 		if sayOnce.Swap(true) {
@@ -331,6 +330,8 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 		}
 		fmt.Fprintf(g.stderr, "dlock: acquire %q: cannot reach the store at %s (%s); retrying %s\n", key, g.storeAddr(), plainCause(cause), budget)
 	}
+	// The supervisor learns of every renewal at once: it terminates the
+	// command when the validity deadline passes unrenewed.
 	renewed := &renewObserver{retry: func(e dlock.RetryEvent) { sayRetrying(e.Err) }}
 	if g.debug {
 		renewed.debugf = func(format string, args ...any) {
