@@ -79,6 +79,7 @@ func testInvalidInputNeverFailsOpen(t *testing.T, store string) {
 		{"store without scheme", "127.0.0.1:7450", nil},
 		{"unknown scheme", "http://127.0.0.1:7450", nil},
 		{"negative retry-for", store, []string{"--retry-for", "-1s"}},
+		{"URL parameter the driver refuses", store + "?bogus=1", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append(append([]string{"run", "--fail-open"}, tc.args...), "inv:key", "--", "touch", marker)
