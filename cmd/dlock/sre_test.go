@@ -230,13 +230,31 @@ func TestRun_WaitTimeoutImpliesWait(t *testing.T) {
 // key, the fence and how long the key stays held, reports it in JSON, and
 // keeps the job's exit code.
 func TestRun_ReleaseFailureWarns(t *testing.T) {
-	for _, jobCode := range []int{0, 3} {
-		t.Run(fmt.Sprintf("job exits %d", jobCode), func(t *testing.T) {
+	type server struct {
+		url, addr string
+		kill      func()
+	}
+	starts := map[string]func(t *testing.T) server{
+		"redis": func(t *testing.T) server {
 			r := testservers.StartRedis(t)
+			return server{r.URL(), r.Addr(), r.Kill}
+		},
+		"dlockd": func(t *testing.T) server {
+			p := servertest.StartProcess(t)
+			return server{"dlockd://" + p.Addr(), p.Addr(), func() { _ = p.Kill() }}
+		},
+	}
+	for _, tc := range []struct {
+		store   string
+		jobCode int
+	}{{"redis", 0}, {"redis", 3}, {"dlockd", 0}} {
+		jobCode := tc.jobCode
+		t.Run(fmt.Sprintf("%s job exits %d", tc.store, jobCode), func(t *testing.T) {
+			r := starts[tc.store](t)
 			dir := t.TempDir()
 			running, goOn, rep := filepath.Join(dir, "running"), filepath.Join(dir, "go"), filepath.Join(dir, "report.json")
 			script := fmt.Sprintf(`echo fence=$DLOCK_FENCE; touch %s; while [ ! -f %s ]; do sleep 0.02; done; exit %d`, running, goOn, jobCode)
-			cmd := command(r.URL(), "run", "--ttl", "30s", "--report", rep, "rel:key", "--", "sh", "-c", script)
+			cmd := command(r.url, "run", "--ttl", "30s", "--report", rep, "rel:key", "--", "sh", "-c", script)
 			var out, errb bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &errb
 			if err := cmd.Start(); err != nil {
@@ -244,7 +262,7 @@ func TestRun_ReleaseFailureWarns(t *testing.T) {
 			}
 			defer func() { _ = cmd.Process.Kill() }()
 			awaitFile(t, running)
-			r.Kill()
+			r.kill()
 			if err := os.WriteFile(goOn, nil, 0o644); err != nil {
 				t.Fatal(err)
 			}
@@ -259,7 +277,7 @@ func TestRun_ReleaseFailureWarns(t *testing.T) {
 			}
 			fence := fenceOf(t, out.String())
 			stderr := errb.String()
-			for _, want := range []string{"could not release", `"rel:key"`, fmt.Sprintf("fence %d", fence), "stays held", r.Addr()} {
+			for _, want := range []string{"could not release", `"rel:key"`, fmt.Sprintf("fence %d", fence), "stays held", r.addr} {
 				if !strings.Contains(stderr, want) {
 					t.Fatalf("stderr %q: want %q", stderr, want)
 				}
