@@ -193,7 +193,9 @@ func TestRedlock(t *testing.T) {
 		if !errors.As(err, &qe) || qe.OK != 2 || qe.Quorum != 3 || len(qe.Unwrap()) != 4 {
 			t.Fatalf("error %v is not a QuorumError with 2 OK and 3 node errors", err)
 		}
-		_, err = locker.Acquire(ctx, "three-down-2", dlock.WithTTL(time.Second))
+		// No retry budget: a waiting Acquire reports the outage at its
+		// first store error (by default it retries until its ctx ends).
+		_, err = locker.Acquire(ctx, "three-down-2", dlock.WithTTL(time.Second), dlock.WithRetryFor(0))
 		if !errors.Is(err, dlock.ErrUnavailable) {
 			t.Fatalf("Acquire with 3 of 5 down = %v, want ErrUnavailable", err)
 		}
