@@ -673,7 +673,13 @@ func (g *globals) openRetrying(ctx context.Context, retryFor time.Duration, retr
 // interrupted is the cause of a wait ended by a signal.
 type interrupted struct{ sig syscall.Signal }
 
-func (i interrupted) Error() string { return "wait interrupted by " + i.sig.String() }
+func (i interrupted) Error() string {
+	name := map[syscall.Signal]string{syscall.SIGINT: "SIGINT", syscall.SIGTERM: "SIGTERM", syscall.SIGHUP: "SIGHUP"}[i.sig]
+	if name == "" {
+		name = i.sig.String()
+	}
+	return "interrupted by " + name
+}
 
 // releaseLease releases lease (nil or degraded: nothing to do) within 10s.
 func releaseLease(lease *dlock.Lease) error {
