@@ -375,7 +375,7 @@ func testInspection(t *testing.T, store string) {
 }
 
 func TestHelp_EveryCommandHasExamples(t *testing.T) {
-	for _, args := range [][]string{{"--help"}, {"run", "--help"}, {"status", "--help"}, {"list", "--help"}, {"release", "--help"}, {"fence", "check", "--help"}} {
+	for _, args := range [][]string{{"--help"}, {"run", "--help"}, {"status", "--help"}, {"list", "--help"}, {"release", "--help"}, {"fence", "--help"}, {"fence", "check", "--help"}, {"version", "--help"}, {"bench", "--help"}} {
 		res := dlock(t, "mem://", args...)
 		wantCode(t, res, 0)
 		if !strings.Contains(res.stdout, "Example") && !strings.Contains(res.stdout, "Examples") {

@@ -229,7 +229,12 @@ Exit status:
 }
 
 func newFenceCmd(g *globals) *cobra.Command {
-	fence := &cobra.Command{Use: "fence", Short: "Fencing token commands"}
+	fence := &cobra.Command{
+		Use:   "fence",
+		Short: "Fencing token commands",
+		Example: `  # inside dlock run: is my grant still the current one?
+  dlock run payout:2026-09 -- sh -c 'dlock fence check "$DLOCK_KEY" "$DLOCK_FENCE" && ./write-result'`,
+	}
 	fence.AddCommand(&cobra.Command{
 		Use:   "check KEY FENCE",
 		Short: "Check whether FENCE is the current grant of KEY",
