@@ -72,7 +72,7 @@ func PermitKey(key string, i int) string { return key + "/permit-" + strconv.Ito
 func newRunCmd(g *globals) *cobra.Command {
 	f := &runFlags{}
 	cmd := &cobra.Command{
-		Use:   "run [flags] KEY -- COMMAND [ARGS...]  |  run [flags] -c 'SHELL COMMAND' KEY",
+		Use:   "run [flags] KEY -- COMMAND [ARGS...]  |  dlock run [flags] -c 'SHELL COMMAND' KEY",
 		Short: "Run a command under a lease on KEY",
 		Long: `Run acquires a lease on KEY, runs COMMAND while renewing the lease, and
 releases it when COMMAND ends. The command follows --; with -c (--shell) it
