@@ -148,7 +148,7 @@ func TestDurability_Kill9(t *testing.T) {
 		if err != nil || !ok {
 			t.Fatalf("CheckFence(%q, %d) = %v, %v; want current", h.key, h.fence, ok, err)
 		}
-		_, err = d2.TryAcquire(ctx, driver.AcquireRequest{Key: h.key, Owner: owner(0, "x"+h.key[8:]), TTL: ttl})
+		_, err = d2.TryAcquire(ctx, driver.AcquireRequest{Key: h.key, Owner: owner(0, fmt.Sprintf("x%x", h.key[8:])), TTL: ttl})
 		if !errors.Is(err, driver.ErrNotAcquired) {
 			t.Fatalf("after restart, another client's TryAcquire(%q) = %v, want ErrNotAcquired", h.key, err)
 		}

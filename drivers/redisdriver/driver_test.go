@@ -482,6 +482,7 @@ func TestHinter_AcquireWokenByHint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	awaitSubscribers(t, r, bd, key, 1) // the holder's recheck watch
 	type result struct {
 		at  time.Time
 		err error
@@ -516,10 +517,12 @@ func TestHinter_AcquireWokenByHint(t *testing.T) {
 	}
 }
 
-// awaitHintSubscribers waits (at most 10 s) until Redis counts a
-// subscriber on the release-hint channel of key (PUBSUB NUMSUB): a waiter
-// through d has found key held and subscribed, so a release published from
-// now on reaches it.
+// awaitHintSubscribers waits (at most 10 s) until Redis counts two
+// subscribers on the release-hint channel of key (PUBSUB NUMSUB): the
+// holder's driver, which watches its grant there (Grant.Recheck), and a
+// waiter through d that has found key held and subscribed, so a release
+// published from now on reaches it. The holder must be subscribed before
+// the waiter starts (awaitSubscribers(…, 1)), so that two means the waiter.
 func awaitHintSubscribers(t *testing.T, r *testservers.Redis, d *Driver, key string) {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: r.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
@@ -528,7 +531,7 @@ func awaitHintSubscribers(t *testing.T, r *testservers.Redis, d *Driver, key str
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		n, err := c.PubSubNumSub(t.Context(), channel).Result()
-		if err == nil && n[channel] >= 1 {
+		if err == nil && n[channel] >= 2 {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -857,6 +860,7 @@ func TestHinter_StoreRestart(t *testing.T) {
 		if _, err := a.Acquire(t.Context(), key); err != nil {
 			t.Fatal(err)
 		}
+		awaitSubscribers(t, r, bd, key, 1) // the holder's recheck watch
 		done := make(chan error, 1)
 		go func() {
 			// No retry budget: the waiter reports the outage at its
