@@ -255,9 +255,9 @@ func (ls *Lease) lose(reason string, cause error) {
 	})
 }
 
-// recheckGap is the shortest time between two renewals asked for by
-// recheck hints, so that a flood of (possibly forged) hints costs the store
-// at most one renewal per gap.
+// recheckGap is the shortest time from the start of one renewal to a
+// renewal asked for by a recheck hint, so that a flood of (possibly forged)
+// hints costs the store at most one renewal per gap.
 const recheckGap = 20 * time.Millisecond
 
 // heartbeat renews the lease every heartbeat interval while it is held. A
@@ -274,7 +274,7 @@ func (ls *Lease) heartbeat(pushedLoss, recheck <-chan struct{}) {
 	interval := o.effectiveHeartbeat()
 	next := ls.start.Add(interval)
 	failures := 0
-	var lastRecheck time.Time
+	var lastSent time.Time // the last renewal's start
 	for {
 		t := time.NewTimer(time.Until(next))
 		select {
@@ -287,7 +287,7 @@ func (ls *Lease) heartbeat(pushedLoss, recheck <-chan struct{}) {
 			return
 		case <-recheck:
 			t.Stop()
-			if wait := time.Until(lastRecheck.Add(recheckGap)); wait > 0 {
+			if wait := time.Until(lastSent.Add(recheckGap)); wait > 0 {
 				// Hints come too fast: renew at the end of the gap (or
 				// at the next beat, if that comes first).
 				if at := time.Now().Add(wait); at.Before(next) {
@@ -295,10 +295,10 @@ func (ls *Lease) heartbeat(pushedLoss, recheck <-chan struct{}) {
 				}
 				continue
 			}
-			lastRecheck = time.Now()
 		case <-t.C:
 		}
 		sent := time.Now()
+		lastSent = sent
 		ls.mu.Lock()
 		deadline := ls.deadline
 		ls.mu.Unlock()
