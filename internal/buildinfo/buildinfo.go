@@ -92,8 +92,9 @@ func (i Info) String() string { return i.Line("dlock") }
 //	dlock v1.2.0 (revision 0123456789ab, modified) go1.26.0 linux/amd64
 //	dlockd v1.2.0 (revision 0123456789ab, modified) go1.26.0 linux/amd64
 //
-// The parenthesis is left out when the build was not VCS-stamped, and
-// ", modified" when the working tree was clean.
+// The parenthesis says "revision unknown" when the build was not
+// VCS-stamped (go build -buildvcs=false, or outside a checkout), and leaves
+// out ", modified" when the working tree was clean.
 func (i Info) Line(program string) string {
 	var b strings.Builder
 	b.WriteString(program)
@@ -106,6 +107,8 @@ func (i Info) Line(program string) string {
 			b.WriteString(", modified")
 		}
 		b.WriteString(")")
+	} else {
+		b.WriteString(" (revision unknown)")
 	}
 	b.WriteString(" ")
 	b.WriteString(i.Go)

@@ -15,7 +15,7 @@ func TestInfo_String(t *testing.T) {
 		ok   bool
 		want string
 	}{
-		{"no build info", nil, false, "dlock unknown " + runtime.Version() + " " + plat},
+		{"no build info", nil, false, "dlock unknown (revision unknown) " + runtime.Version() + " " + plat},
 		{"tagged, clean", &debug.BuildInfo{
 			GoVersion: "go1.26.0",
 			Main:      debug.Module{Version: "v1.2.0"},
@@ -33,7 +33,7 @@ func TestInfo_String(t *testing.T) {
 			},
 		}, true, "dlock (devel) (revision 0123456789ab, modified) go1.26.0 " + plat},
 		{"not stamped", &debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Version: "(devel)"}}, true,
-			"dlock (devel) go1.26.0 " + plat},
+			"dlock (devel) (revision unknown) go1.26.0 " + plat},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := fromBuildInfo(tc.bi, tc.ok).String(); got != tc.want {

@@ -18,7 +18,7 @@ func newVersionCmd(g *globals) *cobra.Command {
 		Long: `Version prints the build of this dlock binary on one line: the module
 version, the VCS revision it was built from (marked modified when the working
 tree had uncommitted changes; "revision unknown" when the build was not
-stamped) and the Go version and platform. dlockd
+VCS-stamped, e.g. built with GOFLAGS=-buildvcs=false) and the Go version and platform. dlockd
 --version prints the same line for dlockd. With -o json it prints an object:
 {"version", "revision", "modified", "go", "platform"}.`,
 		Example: `  dlock version
@@ -30,11 +30,7 @@ stamped) and the Go version and platform. dlockd
 				g.printJSON(bi)
 				return nil
 			}
-			line := bi.String()
-			if bi.Revision == "" {
-				line += " (revision unknown: built without VCS stamping, e.g. GOFLAGS=-buildvcs=false)"
-			}
-			fmt.Fprintln(g.stdout, line)
+			fmt.Fprintln(g.stdout, bi.String())
 			return nil
 		},
 	}
