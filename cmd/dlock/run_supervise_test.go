@@ -362,9 +362,10 @@ func TestRun_SuperviseModeSaidAndCgroupRemoved(t *testing.T) {
 	wantCode(t, dlock(t, store, "run", "--cgroup", "maybe", "mode:key", "--", "true"), 64)
 }
 
-// TestRun_SuperviseCtrlCFromTerminal: dlock in the foreground of a terminal
-// (a pty) gets Ctrl-C from the line discipline and forwards SIGINT to the
-// command, which exits on its own terms.
+// TestRun_SuperviseCtrlCFromTerminal: dlock started in the foreground of a
+// terminal (a pty) hands the foreground to the command's group, so Ctrl-C
+// from the line discipline reaches the command directly (not forwarded by
+// dlock), and the command exits on its own terms.
 func TestRun_SuperviseCtrlCFromTerminal(t *testing.T) {
 	master, slave := openPTY(t)
 	dir := t.TempDir()

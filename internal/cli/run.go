@@ -81,7 +81,10 @@ is one string run by sh -c instead.
 The command runs in its own process group with stdin, stdout and stderr
 passed through, SIGINT, SIGTERM and SIGHUP forwarded to that group, and
 DLOCK_KEY, DLOCK_FENCE and DLOCK_STORE in its environment (pass DLOCK_FENCE
-to the resource you write).
+to the resource you write). When stdin is the terminal dlock runs in the
+foreground of, the command's group gets the terminal: it can read it,
+Ctrl-C reaches it directly, Ctrl-Z stops dlock's job (fg resumes it), and
+the terminal comes back to dlock when it ends.
 
 Waiting: without --wait, a held KEY exits 75 (--conflict-exit-code) at
 once, naming its holder where the store can tell. --wait waits for it;
