@@ -82,8 +82,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/dlock-dev/dlock/driver"
 )
@@ -406,20 +404,7 @@ func (l *Locker) callOptions(opts []Option) options {
 // bytes of valid UTF-8 without NUL. It returns nil or ErrInvalidKey wrapped
 // with the reason.
 func ValidateKey(key string) error {
-	switch {
-	case key == "":
-		return fmt.Errorf("%w: empty", ErrInvalidKey)
-	case len(key) > MaxKeyBytes:
-		return fmt.Errorf("%w: %d bytes, longer than %d", ErrInvalidKey, len(key), MaxKeyBytes)
-	case !utf8.ValidString(key):
-		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidKey)
-	}
-	for i := 0; i < len(key); i++ {
-		if key[i] == 0 {
-			return fmt.Errorf("%w: contains NUL at byte %d", ErrInvalidKey, i)
-		}
-	}
-	return nil
+	return driver.CheckKey(key)
 }
 
 // ValidateHolder reports whether description is a valid WithHolder
@@ -428,27 +413,13 @@ func ValidateKey(key string) error {
 // empty description is valid. It returns nil or ErrInvalidHolder (which
 // matches ErrInvalidArgument) wrapped with the reason.
 func ValidateHolder(description string) error {
-	switch {
-	case len(description) > MaxHolderBytes:
-		return fmt.Errorf("%w: %d bytes, longer than %d", ErrInvalidHolder, len(description), MaxHolderBytes)
-	case !utf8.ValidString(description):
-		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidHolder)
-	}
-	for i, r := range description {
-		if unicode.IsControl(r) {
-			return fmt.Errorf("%w: control character %U at byte %d", ErrInvalidHolder, r, i)
-		}
-	}
-	return nil
+	return driver.CheckHolder(description)
 }
 
 // ValidateTTL reports whether ttl lies in [MinTTL, MaxTTL]. It returns nil
 // or ErrInvalidTTL wrapped with the reason.
 func ValidateTTL(ttl time.Duration) error {
-	if ttl < MinTTL || ttl > MaxTTL {
-		return fmt.Errorf("%w: %v is outside [%v, %v]", ErrInvalidTTL, ttl, MinTTL, MaxTTL)
-	}
-	return nil
+	return driver.CheckTTL(ttl)
 }
 
 func validateOptions(o options) error {
