@@ -4,7 +4,7 @@
 //
 // Open it by URL with dlock.Open (scheme "redlock", registered in init):
 //
-//	redlock://[:password@]host:port,host:port,host:port[,…][?node_timeout=50ms&db=0]
+//	redlock://[:password@]host:port,host:port,host:port[,…][?node_timeout=50ms&db=0&prefix=P]
 //
 // or construct it directly with New over clients you already have.
 //
@@ -144,6 +144,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/redis/go-redis/v9"
 
@@ -224,12 +226,38 @@ func New(clients []redis.Scripter, opts *Options) (*Driver, error) {
 	}, nil
 }
 
+// MaxURLPrefixBytes is the longest value of Open's URL parameter prefix.
+const MaxURLPrefixBytes = 256
+
+// urlPrefix checks the values of the URL parameter prefix and returns the
+// one value, or an error matching driver.ErrInvalidArgument.
+func urlPrefix(vs []string) (string, error) {
+	if len(vs) != 1 {
+		return "", urlparam.Invalid("redlockdriver: URL parameter prefix is given %d times; give it once", len(vs))
+	}
+	p := vs[0]
+	if p == "" || len(p) > MaxURLPrefixBytes {
+		return "", urlparam.Invalid("redlockdriver: URL parameter prefix=%q must be 1 to %d bytes", p, MaxURLPrefixBytes)
+	}
+	for _, r := range p {
+		if !utf8.ValidString(p) || !unicode.IsPrint(r) || unicode.IsSpace(r) {
+			return "", urlparam.Invalid("redlockdriver: URL parameter prefix=%q has a space, control or invalid character", p)
+		}
+	}
+	return p, nil
+}
+
 // Open connects to the nodes named by u,
 // redlock://[:password@]h1:p1,h2:p2,h3:p3[,…], with the optional query
-// parameters node_timeout (a Go duration) and db. The driver owns the
-// clients and closes them in Close. An invalid URL (another scheme, fewer
-// than MinNodes hosts, a port outside 1..65535, an unknown or malformed
-// parameter) and nodes that refuse its credentials or database number
+// parameters node_timeout (a Go duration), db and prefix. prefix=P sets
+// Options.Prefix to "P:", so every key the driver writes on each node (lock
+// keys "P:lock:K", fence counters "P:fences:N") starts with "P:" and
+// drivers with different prefixes are independent; P must be 1 to
+// MaxURLPrefixBytes bytes of printable characters (no space or control
+// character). Without it the prefix is "dlock:redlock:". The driver owns
+// the clients and closes them in Close. An invalid URL (another scheme,
+// fewer than MinNodes hosts, a port outside 1..65535, an unknown or
+// malformed parameter) and nodes that refuse its credentials or database number
 // (enough of them that no majority is possible) return an error matching
 // driver.ErrInvalidArgument.
 func Open(ctx context.Context, u *url.URL) (*Driver, error) {
@@ -240,10 +268,17 @@ func Open(ctx context.Context, u *url.URL) (*Driver, error) {
 		return nil, err
 	}
 	q := u.Query()
-	if err := urlparam.Known("redlockdriver", q, "node_timeout", "db"); err != nil {
+	if err := urlparam.Known("redlockdriver", q, "node_timeout", "db", "prefix"); err != nil {
 		return nil, err
 	}
 	var o Options
+	if q.Has("prefix") {
+		p, err := urlPrefix(q["prefix"])
+		if err != nil {
+			return nil, err
+		}
+		o.Prefix = p + ":"
+	}
 	if err := urlparam.Durations(q, map[string]*time.Duration{"node_timeout": &o.NodeTimeout}); err != nil {
 		return nil, urlparam.Wrap("redlockdriver", err)
 	}
