@@ -121,7 +121,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dlock-dev/dlock/driver"
@@ -308,7 +307,7 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 	d.ownPool, d.conns = pool, conns
 	if err := pool.Ping(ctx); err != nil {
 		d.Close()
-		if refused(err) { // bad credentials, no such database, an unknown setting
+		if pgcommon.Refused(err) { // bad credentials, no such database, an unknown setting
 			return nil, urlparam.Wrap("pgadvisory: PostgreSQL refused the connection", err)
 		}
 		return nil, fmt.Errorf("pgadvisory: %w: %w", driver.ErrUnavailable, err)
@@ -317,33 +316,13 @@ func open(ctx context.Context, u *url.URL) (*Driver, error) {
 }
 
 // storeErr wraps an error of op. An answer in which PostgreSQL refused the
-// request itself (see refused) matches driver.ErrInvalidArgument: retrying
-// cannot help, and it must never pass for an outage.
+// request itself (see pgcommon.Refused) matches driver.ErrInvalidArgument:
+// retrying cannot help, and it must never pass for an outage.
 func storeErr(op string, err error) error {
-	if refused(err) {
+	if pgcommon.Refused(err) {
 		return urlparam.Wrap("pgadvisory: "+op+": PostgreSQL refused the request", err)
 	}
 	return fmt.Errorf("pgadvisory: %s: %w", op, err)
-}
-
-// refused reports whether err is a PostgreSQL error of a class that
-// refuses the request or the connection's settings as such: data exception
-// (22), invalid authorization (28), invalid database or schema name (3D,
-// 3F), syntax error or access rule violation (42: no privilege, no such
-// table, an unknown setting) and program limit exceeded (54). Connection
-// failures (08), serialization failures and deadlocks (40), insufficient
-// resources (53), operator intervention (57: shutdown, cancel) and a
-// read-only standby (25006) are not: they are outages.
-func refused(err error) bool {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || len(pgErr.Code) < 2 {
-		return false
-	}
-	switch pgErr.Code[:2] {
-	case "22", "28", "3D", "3F", "42", "54":
-		return true
-	}
-	return false
 }
 
 func (d *Driver) buildSQL(channel string) {
