@@ -4,15 +4,22 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/go-zookeeper/zk"
+	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/dlock-dev/dlock/internal/bench"
+	"github.com/dlock-dev/dlock/internal/pgcommon"
 )
 
 func newBenchCmd(g *globals) *cobra.Command {
@@ -41,13 +48,25 @@ and prints one table per workload (Markdown, or JSON with -o json):
 Every client opens its own connection, as separate processes would. Each W1
 and W2 cell runs for --duration.
 
-Bench cleans up what it creates. On Redis (redis://, rediss://) it works
-under a throwaway key prefix (prefix=dlock-bench-RANDOM) and deletes every key under it when it
-ends, fence counters included; the store's other keys are not touched (a
-URL that gives prefix= itself is used as it is, and nothing is deleted). Other stores
-keep what their lock protocol keeps after a release (dlockd, etcd, ZooKeeper
-and PostgreSQL keep at most their fence counters; Redlock its per-node
-counters): run bench against a scratch store there.`,
+Bench cleans up what it creates. Unless the URL names a namespace of its
+own, it works in a throwaway one named dlock-bench-RANDOM and deletes it
+whole when it ends, fence counters included; nothing else in the store is
+touched:
+
+  redis, rediss   key prefix (prefix=); every key under it is deleted
+  redlock         key prefix (prefix=); every key under it is deleted on
+                  every node
+  etcd            key prefix (the URL path); its range is deleted
+  zk              root node (the URL path); it and its subtree are deleted
+  postgres, postgresql, pgadvisory
+                  table (dlock_table=dlock_bench_RANDOM); it and its fence
+                  sequence are dropped
+
+A URL that gives its own prefix=, path or dlock_table= is used as it is, and
+nothing is deleted there. dlockd keeps no key after a release, but every
+grant and release is an entry of its Raft log, which bench cannot remove:
+the log grows by the run's operations until dlockd's next snapshot
+compacts it (Raft keeps a bounded tail of entries after a snapshot).`,
 		Example: `  dlock bench --store redis://127.0.0.1:6379 --store dlockd://127.0.0.1:7450
   dlock bench --store redis://127.0.0.1:6379 --pid redis://127.0.0.1:6379=$(pidof redis-server) -o json`,
 		Args: cobra.NoArgs,
@@ -105,63 +124,232 @@ counters): run bench against a scratch store there.`,
 }
 
 // benchScope returns the store URL bench uses for store and a function that
-// deletes what bench created there. On Redis it adds a throwaway key prefix
-// (unless the URL has one) and deletes every key under it; elsewhere it
-// returns store unchanged and a no-op.
+// deletes what bench created there. When the URL does not name a namespace
+// of its own, bench gets a throwaway one, named dlock-bench-RANDOM (or
+// dlock_bench_RANDOM where only SQL names fit), which the cleanup deletes
+// whole:
+//
+//   - redis, rediss, redlock: the key prefix (prefix=); the cleanup deletes
+//     every key under it (on every node for redlock).
+//   - etcd: the key prefix (the URL path); the cleanup deletes its range.
+//   - zk: the root node (the URL path); the cleanup deletes it and its
+//     subtree.
+//   - postgres, postgresql, pgadvisory: the table (dlock_table=); the
+//     cleanup drops it and its fence sequence.
+//
+// A URL that already names its namespace is the user's: it is used as it
+// is, and the cleanup is a no-op; so is any other scheme (dlockd keeps no
+// per-key state after a release; mem is the process's own).
 func benchScope(store string) (string, func() error, error) {
 	noop := func() error { return nil }
 	u, err := url.Parse(store)
-	if err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") {
-		return store, noop, nil
-	}
-	q := u.Query()
-	if q.Has("prefix") {
-		return store, noop, nil // the user's keys: not ours to delete
+	if err != nil {
+		return store, noop, nil // bench.Run reports the bad URL
 	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	prefix := "dlock-bench-" + hex.EncodeToString(b[:])
-	q.Set("prefix", prefix)
+	name := "dlock-bench-" + hex.EncodeToString(b[:])
+	q := u.Query()
 	scoped := *u
-	scoped.RawQuery = q.Encode()
-	// The cleanup client: go-redis's own URL, without the driver's options.
-	q.Del("prefix")
-	q.Del("hints")
-	plain := *u
-	plain.RawQuery = q.Encode()
-	opts, err := redis.ParseURL(plain.String())
-	if err != nil {
-		return "", nil, fmt.Errorf("bench: %s: %w", u.Redacted(), err)
+	switch u.Scheme {
+	case "redis", "rediss":
+		if q.Has("prefix") {
+			return store, noop, nil // the user's keys: not ours to delete
+		}
+		q.Set("prefix", name)
+		scoped.RawQuery = q.Encode()
+		// The cleanup client: go-redis's own URL, without the driver's options.
+		q.Del("prefix")
+		q.Del("hints")
+		plain := *u
+		plain.RawQuery = q.Encode()
+		opts, err := redis.ParseURL(plain.String())
+		if err != nil {
+			return "", nil, fmt.Errorf("bench: %s: %w", u.Redacted(), err)
+		}
+		return scoped.String(), func() error { return deleteRedisKeys(opts, name) }, nil
+	case "redlock":
+		if q.Has("prefix") {
+			return store, noop, nil
+		}
+		q.Set("prefix", name)
+		scoped.RawQuery = q.Encode()
+		db := 0
+		if v := q.Get("db"); v != "" {
+			if db, err = strconv.Atoi(v); err != nil {
+				return store, noop, nil // the driver refuses the URL
+			}
+		}
+		var user, pass string
+		if u.User != nil {
+			user = u.User.Username()
+			pass, _ = u.User.Password()
+		}
+		cleanup := func() error {
+			var errs []error
+			for _, h := range strings.Split(u.Host, ",") {
+				if h = strings.TrimSpace(h); h == "" {
+					continue
+				}
+				if err := deleteRedisKeys(&redis.Options{Addr: h, Username: user, Password: pass, DB: db}, name); err != nil {
+					errs = append(errs, fmt.Errorf("node %s: %w", h, err))
+				}
+			}
+			return errors.Join(errs...)
+		}
+		return scoped.String(), cleanup, nil
+	case "etcd":
+		if strings.Trim(u.Path, "/") != "" {
+			return store, noop, nil
+		}
+		scoped.Path = "/" + name
+		scoped.RawPath = ""
+		return scoped.String(), func() error { return deleteEtcdPrefix(u, "/"+name+"/") }, nil
+	case "zk":
+		if strings.Trim(u.Path, "/") != "" {
+			return store, noop, nil
+		}
+		scoped.Path = "/" + name
+		scoped.RawPath = ""
+		return scoped.String(), func() error { return deleteZKTree(u.Host, "/"+name) }, nil
+	case "postgres", "postgresql", "pgadvisory":
+		if q.Has("dlock_table") {
+			return store, noop, nil
+		}
+		table := strings.ReplaceAll(name, "-", "_")
+		schema := q.Get("dlock_schema")
+		if schema == "" {
+			schema = "public"
+		}
+		q.Set("dlock_table", table)
+		scoped.RawQuery = q.Encode()
+		pu := *u
+		if pu.Scheme == "pgadvisory" {
+			pu.Scheme = "postgres"
+		}
+		// The cleanup connection: pgx's own URL, without the drivers' and
+		// the pool's options.
+		drop := []string{"dlock_schema", "dlock_table"}
+		for k := range q {
+			if strings.HasPrefix(k, "pool_") {
+				drop = append(drop, k)
+			}
+		}
+		plain, _ := pgcommon.TakeParams(&pu, drop...)
+		return scoped.String(), func() error { return dropPGTable(plain, schema, table) }, nil
 	}
-	cleanup := func() error {
-		c := redis.NewClient(opts)
-		defer c.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		iter := c.Scan(ctx, 0, globEscape(prefix)+":*", 1000).Iterator()
-		batch := make([]string, 0, 1000)
-		flush := func() error {
-			if len(batch) == 0 {
+	return store, noop, nil
+}
+
+// cleanupTimeout bounds each store's cleanup.
+const cleanupTimeout = 2 * time.Minute
+
+// deleteRedisKeys deletes every key under "prefix:" on the server opts
+// names.
+func deleteRedisKeys(opts *redis.Options, prefix string) error {
+	c := redis.NewClient(opts)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	iter := c.Scan(ctx, 0, globEscape(prefix)+":*", 1000).Iterator()
+	batch := make([]string, 0, 1000)
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		err := c.Unlink(ctx, batch...).Err()
+		batch = batch[:0]
+		return err
+	}
+	for iter.Next(ctx) {
+		batch = append(batch, iter.Val())
+		if len(batch) == cap(batch) {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return err
+	}
+	return flush()
+}
+
+// deleteEtcdPrefix deletes every key under prefix on the etcd cluster u
+// names.
+func deleteEtcdPrefix(u *url.URL, prefix string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	cfg := clientv3.Config{Endpoints: strings.Split(u.Host, ","), DialTimeout: 5 * time.Second, Logger: zap.NewNop(), Context: ctx}
+	if u.User != nil {
+		cfg.Username = u.User.Username()
+		cfg.Password, _ = u.User.Password()
+	}
+	c, err := clientv3.New(cfg)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_, err = c.Delete(ctx, prefix, clientv3.WithPrefix())
+	return err
+}
+
+// deleteZKTree deletes root and every node under it on the ZooKeeper
+// ensemble host names. Nodes that vanish meanwhile (ephemeral nodes of
+// closed sessions, emptied containers) are not errors.
+func deleteZKTree(host, root string) error {
+	conn, _, err := zk.Connect(strings.Split(host, ","), 4*time.Second, zk.WithLogInfo(false), zk.WithLogger(zkQuiet{}))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	deadline := time.Now().Add(cleanupTimeout)
+	var del func(p string) error
+	del = func(p string) error {
+		for {
+			children, _, err := conn.Children(p)
+			if errors.Is(err, zk.ErrNoNode) {
 				return nil
 			}
-			err := c.Unlink(ctx, batch...).Err()
-			batch = batch[:0]
-			return err
-		}
-		for iter.Next(ctx) {
-			batch = append(batch, iter.Val())
-			if len(batch) == cap(batch) {
-				if err := flush(); err != nil {
+			if err != nil {
+				return err
+			}
+			for _, ch := range children {
+				if err := del(p + "/" + ch); err != nil {
 					return err
 				}
 			}
+			err = conn.Delete(p, -1)
+			switch {
+			case err == nil, errors.Is(err, zk.ErrNoNode):
+				return nil
+			case errors.Is(err, zk.ErrNotEmpty) && time.Now().Before(deadline):
+				continue // a child appeared meanwhile
+			default:
+				return err
+			}
 		}
-		if err := iter.Err(); err != nil {
-			return err
-		}
-		return flush()
 	}
-	return scoped.String(), cleanup, nil
+	return del(root)
+}
+
+// zkQuiet drops go-zookeeper's log lines.
+type zkQuiet struct{}
+
+func (zkQuiet) Printf(string, ...any) {}
+
+// dropPGTable drops the table schema.table and its fence sequence on the
+// PostgreSQL server pgURL names.
+func dropPGTable(pgURL, schema, table string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	c, err := pgx.Connect(ctx, pgURL)
+	if err != nil {
+		return err
+	}
+	defer c.Close(context.Background())
+	_, err = c.Exec(ctx, "DROP TABLE IF EXISTS "+pgcommon.Ident(schema, table)+"; DROP SEQUENCE IF EXISTS "+pgcommon.Ident(schema, table+"_fence_seq"))
+	return err
 }
 
 // globEscape escapes the glob characters of Redis's MATCH.
