@@ -7,6 +7,7 @@ package main_test
 
 import (
 	"context"
+	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
@@ -30,6 +31,25 @@ func shortBench(t *testing.T, store string) {
 	wantCode(t, res, 0)
 	if strings.Contains(res.stderr, "could not delete") {
 		t.Fatalf("bench warned: %s", res.stderr)
+	}
+	// The report names the store as given, not by its throwaway namespace.
+	var rep map[string][]struct {
+		Store string `json:"store"`
+	}
+	if err := json.Unmarshal([]byte(res.stdout), &rep); err != nil {
+		t.Fatalf("bench -o json: %v\n%s", err, res.stdout)
+	}
+	n := 0
+	for table, rows := range rep {
+		for _, r := range rows {
+			n++
+			if r.Store != store {
+				t.Errorf("bench report %s names store %q, want %q", table, r.Store, store)
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatalf("bench report has no rows: %s", res.stdout)
 	}
 }
 

@@ -78,6 +78,7 @@ compacts it (Raft keeps a bounded tail of entries after a snapshot).`,
 			if err != nil {
 				return exit(ExitUsage, "%w", err)
 			}
+			asGiven := map[string]string{} // scoped URL → the URL given
 			for i, s := range stores {
 				scoped, cleanup, err := benchScope(s)
 				if err != nil {
@@ -87,6 +88,7 @@ compacts it (Raft keeps a bounded tail of entries after a snapshot).`,
 					pidMap[scoped] = pid
 				}
 				stores[i] = scoped
+				asGiven[scoped] = s
 				defer func() {
 					if err := cleanup(); err != nil {
 						fmt.Fprintf(g.stderr, "dlock: warning: bench could not delete its keys on %s: %v\n", s, err)
@@ -103,6 +105,23 @@ compacts it (Raft keeps a bounded tail of entries after a snapshot).`,
 			}
 			if err != nil {
 				return g.storeErr("bench", "", err)
+			}
+			// The report names each store as the user gave it, not by its
+			// throwaway namespace.
+			given := func(s string) string {
+				if g, ok := asGiven[s]; ok {
+					return g
+				}
+				return s
+			}
+			for i := range rep.Uncontended {
+				rep.Uncontended[i].Store = given(rep.Uncontended[i].Store)
+			}
+			for i := range rep.Contended {
+				rep.Contended[i].Store = given(rep.Contended[i].Store)
+			}
+			for i := range rep.Held {
+				rep.Held[i].Store = given(rep.Held[i].Store)
 			}
 			if g.json() {
 				g.printJSON(rep)
