@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/dlocktest"
 	"github.com/dlock-dev/dlock/driver"
 	"github.com/dlock-dev/dlock/drivers/dlockddriver"
 	"github.com/dlock-dev/dlock/server/servertest"
@@ -110,7 +111,7 @@ func TestServerRefusalsAreInvalidArgument(t *testing.T) {
 // TestOpen_InvalidURLIsInvalidArgument: URLs the driver refuses match
 // driver.ErrInvalidArgument, never driver.ErrUnavailable.
 func TestOpen_InvalidURLIsInvalidArgument(t *testing.T) {
-	for _, raw := range []string{
+	urls := []string{
 		"dlockd://127.0.0.1:99999",
 		"dlockd://127.0.0.1:0",
 		"dlockd://127.0.0.1:65536",
@@ -121,22 +122,10 @@ func TestOpen_InvalidURLIsInvalidArgument(t *testing.T) {
 		"dlockd://user:pw@127.0.0.1:7450",
 		"dlockd://127.0.0.1:7450/db",
 		"redis://127.0.0.1:7450",
-	} {
-		u, err := url.Parse(raw)
-		if err != nil {
-			t.Fatalf("url.Parse(%q): %v", raw, err)
-		}
-		d, err := dlockddriver.Open(t.Context(), u)
-		if err == nil {
-			_ = d.Close()
-			t.Errorf("Open(%q) accepted", raw)
-			continue
-		}
-		if !errors.Is(err, driver.ErrInvalidArgument) || errors.Is(err, driver.ErrUnavailable) {
-			t.Errorf("Open(%q) = %v; want ErrInvalidArgument, not ErrUnavailable", raw, err)
-		}
-		if strings.Contains(err.Error(), "pw") {
-			t.Errorf("Open(%q) = %q shows the password", raw, err)
+	}
+	for i, err := range dlocktest.OpenURLRefuses(t, dlockddriver.Open, urls...) {
+		if err != nil && strings.Contains(err.Error(), "pw") {
+			t.Errorf("Open(%q) = %q shows the password", urls[i], err)
 		}
 	}
 	if d, err := dlockddriver.Dial("127.0.0.1:99999", nil); err == nil {

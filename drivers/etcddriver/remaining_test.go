@@ -1,12 +1,10 @@
 package etcddriver_test
 
 import (
-	"errors"
-	"net/url"
 	"testing"
 	"time"
 
-	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/dlocktest"
 	"github.com/dlock-dev/dlock/driver"
 	"github.com/dlock-dev/dlock/drivers/etcddriver"
 	"github.com/dlock-dev/dlock/internal/testservers"
@@ -73,7 +71,7 @@ func TestInspector_RemainingIsTimeLeft(t *testing.T) {
 // driver.ErrInvalidArgument, never driver.ErrUnavailable.
 func TestOpen_InvalidURLIsInvalidArgument(t *testing.T) {
 	e := testservers.StartEtcd(t)
-	for _, raw := range []string{
+	urls := []string{
 		"etcd://127.0.0.1:99999",
 		"etcd://" + e.Addr() + ",127.0.0.1:0",
 		"etcd://",
@@ -82,22 +80,7 @@ func TestOpen_InvalidURLIsInvalidArgument(t *testing.T) {
 		"etcd://" + e.Addr() + "?dial_timeout=-1s",
 		"etcd://" + e.Addr() + "/.locks",
 		"redis://" + e.Addr(),
-	} {
-		u, err := url.Parse(raw)
-		if err != nil {
-			t.Fatal(err)
-		}
-		d, err := etcddriver.Open(t.Context(), u)
-		if err == nil {
-			_ = d.Close()
-			t.Errorf("Open(%q) accepted", raw)
-			continue
-		}
-		if !errors.Is(err, driver.ErrInvalidArgument) || errors.Is(err, driver.ErrUnavailable) {
-			t.Errorf("Open(%q) = %v; want ErrInvalidArgument, not ErrUnavailable", raw, err)
-		}
-		if _, err := dlock.Open(t.Context(), raw); errors.Is(err, dlock.ErrUnavailable) {
-			t.Errorf("dlock.Open(%q) = %v; must not be ErrUnavailable", raw, err)
-		}
 	}
+	dlocktest.OpenURLRefuses(t, etcddriver.Open, urls...)
+	dlocktest.RootOpenNotUnavailable(t, urls...)
 }

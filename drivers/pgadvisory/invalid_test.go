@@ -1,12 +1,10 @@
 package pgadvisory_test
 
 import (
-	"errors"
 	"strings"
 	"testing"
 
-	"github.com/dlock-dev/dlock"
-	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/dlocktest"
 	"github.com/dlock-dev/dlock/drivers/pgadvisory"
 	"github.com/dlock-dev/dlock/internal/testservers"
 )
@@ -18,7 +16,7 @@ import (
 func TestOpen_InvalidURLIsInvalidArgument(t *testing.T) {
 	pg := testservers.StartPostgres(t)
 	base := advisoryURL(pg)
-	for _, raw := range []string{
+	urls := []string{
 		"pgadvisory://postgres@127.0.0.1:99999/postgres?sslmode=disable",
 		"pgadvisory://postgres@127.0.0.1:0/postgres?sslmode=disable",
 		base + "&sslmode=sometimes",
@@ -28,18 +26,7 @@ func TestOpen_InvalidURLIsInvalidArgument(t *testing.T) {
 		strings.Replace(base, "/postgres?", "/no_such_db?", 1),
 		base + "&dlock_table=" + strings.Repeat("t", 64),
 		pg.URL(),
-	} {
-		d, err := pgadvisory.Open(t.Context(), raw)
-		if err == nil {
-			_ = d.Close()
-			t.Errorf("Open(%q) accepted", raw)
-			continue
-		}
-		if !errors.Is(err, driver.ErrInvalidArgument) || errors.Is(err, driver.ErrUnavailable) {
-			t.Errorf("Open(%q) = %v; want ErrInvalidArgument, not ErrUnavailable", raw, err)
-		}
-		if _, err := dlock.Open(t.Context(), raw); errors.Is(err, dlock.ErrUnavailable) {
-			t.Errorf("dlock.Open(%q) = %v; must not be ErrUnavailable", raw, err)
-		}
 	}
+	dlocktest.OpenRefuses(t, pgadvisory.Open, urls...)
+	dlocktest.RootOpenNotUnavailable(t, urls...)
 }

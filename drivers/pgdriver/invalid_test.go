@@ -1,12 +1,10 @@
 package pgdriver_test
 
 import (
-	"errors"
 	"strings"
 	"testing"
 
-	"github.com/dlock-dev/dlock"
-	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/dlocktest"
 	"github.com/dlock-dev/dlock/drivers/pgdriver"
 	"github.com/dlock-dev/dlock/internal/testservers"
 )
@@ -18,7 +16,7 @@ import (
 func TestOpen_InvalidURLIsInvalidArgument(t *testing.T) {
 	pg := testservers.StartPostgres(t)
 	base := pg.URL() // postgres://postgres@127.0.0.1:port/postgres?sslmode=disable
-	for _, raw := range []string{
+	urls := []string{
 		"postgres://postgres@127.0.0.1:99999/postgres?sslmode=disable",
 		"postgres://postgres@127.0.0.1:0/postgres?sslmode=disable",
 		base + "&sslmode=sometimes",
@@ -28,18 +26,7 @@ func TestOpen_InvalidURLIsInvalidArgument(t *testing.T) {
 		strings.Replace(base, "/postgres?", "/no_such_db?", 1),
 		base + "&dlock_table=" + strings.Repeat("t", 64),
 		"pgadvisory" + strings.TrimPrefix(base, "postgres"),
-	} {
-		d, err := pgdriver.Open(t.Context(), raw)
-		if err == nil {
-			_ = d.Close()
-			t.Errorf("Open(%q) accepted", raw)
-			continue
-		}
-		if !errors.Is(err, driver.ErrInvalidArgument) || errors.Is(err, driver.ErrUnavailable) {
-			t.Errorf("Open(%q) = %v; want ErrInvalidArgument, not ErrUnavailable", raw, err)
-		}
-		if _, err := dlock.Open(t.Context(), raw); errors.Is(err, dlock.ErrUnavailable) {
-			t.Errorf("dlock.Open(%q) = %v; must not be ErrUnavailable", raw, err)
-		}
 	}
+	dlocktest.OpenRefuses(t, pgdriver.Open, urls...)
+	dlocktest.RootOpenNotUnavailable(t, urls...)
 }

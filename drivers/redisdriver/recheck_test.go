@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/dlocktest"
 	"github.com/dlock-dev/dlock/driver"
 	"github.com/dlock-dev/dlock/internal/testservers"
 )
@@ -186,7 +187,7 @@ func waitUnwatched(t *testing.T, d *Driver) {
 // driver.ErrUnavailable (which would let WithFailOpen run work unlocked).
 func TestOpen_InvalidURLIsInvalidArgument(t *testing.T) {
 	r := testservers.StartRedis(t)
-	for _, raw := range []string{
+	urls := []string{
 		"redis://127.0.0.1:99999",
 		"redis://127.0.0.1:0",
 		"redis://127.0.0.1:http",
@@ -199,18 +200,7 @@ func TestOpen_InvalidURLIsInvalidArgument(t *testing.T) {
 		r.URL() + "/99",                     // beyond the server's 16 databases
 		"redis://nobody:secret@" + r.Addr(), // a user the server does not know
 		"http://" + r.Addr(),
-	} {
-		d, err := Open(t.Context(), raw)
-		if err == nil {
-			_ = d.Close()
-			t.Errorf("Open(%q) accepted", raw)
-			continue
-		}
-		if !errors.Is(err, driver.ErrInvalidArgument) || errors.Is(err, driver.ErrUnavailable) {
-			t.Errorf("Open(%q) = %v; want ErrInvalidArgument, not ErrUnavailable", raw, err)
-		}
-		if _, err := dlock.Open(t.Context(), raw); err != nil && errors.Is(err, dlock.ErrUnavailable) {
-			t.Errorf("dlock.Open(%q) = %v; must not be ErrUnavailable", raw, err)
-		}
 	}
+	dlocktest.OpenRefuses(t, Open, urls...)
+	dlocktest.RootOpenNotUnavailable(t, urls...)
 }

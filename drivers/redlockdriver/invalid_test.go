@@ -1,13 +1,10 @@
 package redlockdriver_test
 
 import (
-	"errors"
-	"net/url"
 	"strings"
 	"testing"
 
-	"github.com/dlock-dev/dlock"
-	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/dlocktest"
 	"github.com/dlock-dev/dlock/drivers/redlockdriver"
 	"github.com/dlock-dev/dlock/internal/testservers"
 )
@@ -18,7 +15,7 @@ import (
 func TestOpen_InvalidURLIsInvalidArgument(t *testing.T) {
 	rs := testservers.StartRedisN(t, 3)
 	hosts := rs[0].Addr() + "," + rs[1].Addr() + "," + rs[2].Addr()
-	for _, raw := range []string{
+	urls := []string{
 		"redlock://" + rs[0].Addr() + "," + rs[1].Addr(),
 		"redlock://127.0.0.1:99999," + rs[1].Addr() + "," + rs[2].Addr(),
 		"redlock://" + hosts + "?db=x",
@@ -28,22 +25,7 @@ func TestOpen_InvalidURLIsInvalidArgument(t *testing.T) {
 		"redlock://" + hosts + "?db=99",               // beyond each node's 16 databases
 		"redlock://nobody:secret@" + hosts,            // a user no node knows
 		"redis://" + strings.SplitN(hosts, ",", 2)[0], // another scheme
-	} {
-		u, err := url.Parse(raw)
-		if err != nil {
-			t.Fatal(err)
-		}
-		d, err := redlockdriver.Open(t.Context(), u)
-		if err == nil {
-			_ = d.Close()
-			t.Errorf("Open(%q) accepted", raw)
-			continue
-		}
-		if !errors.Is(err, driver.ErrInvalidArgument) || errors.Is(err, driver.ErrUnavailable) {
-			t.Errorf("Open(%q) = %v; want ErrInvalidArgument, not ErrUnavailable", raw, err)
-		}
-		if _, err := dlock.Open(t.Context(), raw); errors.Is(err, dlock.ErrUnavailable) {
-			t.Errorf("dlock.Open(%q) = %v; must not be ErrUnavailable", raw, err)
-		}
 	}
+	dlocktest.OpenURLRefuses(t, redlockdriver.Open, urls...)
+	dlocktest.RootOpenNotUnavailable(t, urls...)
 }
