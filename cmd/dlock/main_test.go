@@ -67,7 +67,13 @@ type result struct {
 // dlock runs the binary to completion.
 func dlock(t *testing.T, store string, args ...string) result {
 	t.Helper()
-	cmd := command(store, args...)
+	return runCmd(t, command(store, args...))
+}
+
+// runCmd runs cmd to completion and returns its exit code, stdout and
+// stderr; a cmd that cannot be run at all ends the test.
+func runCmd(t *testing.T, cmd *exec.Cmd) result {
+	t.Helper()
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()

@@ -467,17 +467,7 @@ func runEnv(t *testing.T, env []string, args ...string) result {
 	t.Helper()
 	cmd := exec.Command(dlockBin, args...)
 	cmd.Env = append([]string{"PATH=" + filepath.Dir(dlockBin) + ":" + os.Getenv("PATH")}, env...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatalf("running dlock: %v", err)
-	}
-	return result{code, out.String(), errb.String()}
+	return runCmd(t, cmd)
 }
 
 // Item 8: configuration without flags, flag > env > file > default.
