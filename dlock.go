@@ -301,8 +301,12 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context
 }
 
 // Inspect returns the current grant of key. It returns an error wrapping
-// ErrNotAcquired when the key is free, and ErrUnsupported when the store
-// cannot inspect.
+// ErrNotAcquired when the key is not held, and ErrUnsupported when the store
+// cannot inspect. With ErrNotAcquired the HolderInfo still describes the
+// key as far as the store knows: its waiters queued (dlockd) and, when the
+// key is in a lock-delay after its holder was lost (dlockd's lock-delay),
+// HolderInfo.LockDelay, the time for which new grants are refused; the
+// error then says so.
 func (l *Locker) Inspect(ctx context.Context, key string) (HolderInfo, error) {
 	if err := ValidateKey(key); err != nil {
 		return HolderInfo{}, l.wrap("inspect", key, err)
@@ -315,6 +319,9 @@ func (l *Locker) Inspect(ctx context.Context, key string) (HolderInfo, error) {
 	defer cancel()
 	info, err := in.Inspect(octx, key)
 	if errors.Is(err, ErrNotAcquired) {
+		if info.LockDelay > 0 {
+			return info, l.wrap("inspect", key, fmt.Errorf("key is not held, but in its lock-delay for %v more (%w)", info.LockDelay.Round(time.Millisecond), ErrNotAcquired))
+		}
 		return info, l.wrap("inspect", key, fmt.Errorf("key is free (%w)", ErrNotAcquired))
 	}
 	return info, l.classify("inspect", key, ctx, err)

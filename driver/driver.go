@@ -335,12 +335,21 @@ type HolderInfo struct {
 	// Waiters is the number of queued waiters, or -1 when the store does not
 	// keep a queue.
 	Waiters int
+	// LockDelay is set only for a key that is free (Inspect returns it with
+	// ErrNotAcquired): the key is held by nobody but refuses grants for this
+	// long, counted from the read, because its holder was lost without a
+	// release (an expiry or a force release: dlockd's lock-delay, as
+	// Chubby's). It is 0 when the key is in no lock-delay, for a held key,
+	// and on stores that have no lock-delay.
+	LockDelay time.Duration
 }
 
 // Inspector is implemented by drivers that can describe holders.
 type Inspector interface {
 	// Inspect returns the current grant of key, or ErrNotAcquired wrapped
-	// when the key is free.
+	// when the key is free. With ErrNotAcquired the HolderInfo may still
+	// describe the free key: Key, Waiters (waiters queued on a free key,
+	// where the store keeps a queue) and LockDelay.
 	Inspect(ctx context.Context, key string) (HolderInfo, error)
 	// List returns the held keys that start with prefix, sorted by key.
 	List(ctx context.Context, prefix string) ([]HolderInfo, error)

@@ -32,7 +32,10 @@ func (d *Driver) CheckFence(ctx context.Context, key string, fence uint64) (bool
 	return resp.GetCurrent(), nil
 }
 
-// Inspect implements driver.Inspector.
+// Inspect implements driver.Inspector. For a free key it returns
+// driver.ErrNotAcquired wrapped together with a HolderInfo carrying the
+// key's queued waiters and, when the key is in its lock-delay, the delay's
+// time left (HolderInfo.LockDelay).
 func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, error) {
 	if err := driver.CheckKey(key); err != nil {
 		return driver.HolderInfo{}, fmt.Errorf("dlockd: inspect: %w", err)
@@ -45,7 +48,13 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, er
 		return driver.HolderInfo{}, mapErr(ctx, "inspect", key, err)
 	}
 	if !resp.GetHeld() {
-		return driver.HolderInfo{Key: key, Waiters: int(resp.GetWaiters())}, fmt.Errorf("dlockd: inspect %q: %w", key, driver.ErrNotAcquired)
+		// A free key: its waiters, and the lock-delay's time left when it
+		// is in one (grants refused until then).
+		info := driver.HolderInfo{Key: key, Waiters: int(resp.GetWaiters())}
+		if d := resp.GetLockDelayRemaining(); d != nil && d.AsDuration() > 0 {
+			info.LockDelay = d.AsDuration()
+		}
+		return info, fmt.Errorf("dlockd: inspect %q: %w", key, driver.ErrNotAcquired)
 	}
 	return holderInfo(resp.GetInfo()), nil
 }

@@ -27,6 +27,9 @@ type holderJSON struct {
 	TTLSeconds  float64 `json:"ttl_seconds,omitempty"`
 	LeftSeconds float64 `json:"left_seconds,omitempty"`
 	Waiters     *int    `json:"waiters,omitempty"`
+	// LockDelaySeconds: a free key in its lock-delay refuses grants for
+	// this long (dlockd).
+	LockDelaySeconds float64 `json:"lock_delay_seconds,omitempty"`
 }
 
 func toJSON(h dlock.HolderInfo) holderJSON {
@@ -56,6 +59,15 @@ func waitersText(n int) string {
 	return strconv.Itoa(n)
 }
 
+// delayText rounds a lock-delay's time left for display: to 100 ms (1.8s),
+// never to 0 (a delay under 50 ms shows as 1ms or more).
+func delayText(d time.Duration) time.Duration {
+	if r := d.Round(100 * time.Millisecond); r > 0 {
+		return r
+	}
+	return max(d.Round(time.Millisecond), time.Millisecond)
+}
+
 func newStatusCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "status KEY",
@@ -65,10 +77,13 @@ the time left before the store expires it, and the queued waiters where the
 store keeps a queue ("-" where it does not). A free key prints "free".
 
 A key or holder with control characters (a newline, an escape) is printed
-quoted, as "a\nb". A key in dlockd's lock-delay (kept from new holders
-for a moment after a lost grant) with waiters queued shows as "not held, N
-waiter(s) queued"; without waiters the store does not tell the CLI about
-the delay, and it shows as free.
+quoted, as "a\nb". A key in dlockd's lock-delay (granted to nobody for a
+moment after its holder was lost without a release: an expiry or a force
+release) is not free: it shows as "not held; in its lock-delay for 1.8s
+more (grants refused until then)", with the waiters queued if any, and
+with -o json as {"held": false, "lock_delay_seconds": 1.8}. A key with
+waiters queued but no holder (the next grant under way) shows as "not
+held, N waiter(s) queued".
 
 Exit status: 0 (held or free), 64 for an invalid key, 69 when the store
 could not be reached, 78 when the store cannot inspect (Redlock). With -o
@@ -86,20 +101,30 @@ json an error is {"error", "code", "exit_code"} on stdout.`,
 			info, err := l.Inspect(cmd.Context(), args[0])
 			switch {
 			case errors.Is(err, dlock.ErrNotAcquired):
-				// Waiters on a free key: dlockd's lock-delay holds them back
-				// (or the next grant is under way). Not "free" then.
+				// Not held. A lock-delay (dlockd, after a lost grant) or
+				// waiters on a free key (the next grant under way, or held
+				// back by the delay): not "free" then.
 				queued := info.Waiters > 0
+				delay := info.LockDelay
 				if g.json() {
-					out := holderJSON{Key: args[0]}
+					out := holderJSON{Key: args[0], LockDelaySeconds: delay.Round(time.Millisecond).Seconds()}
 					if queued {
 						w := info.Waiters
 						out.Waiters = &w
 					}
 					g.printJSON(out)
-				} else if queued {
-					fmt.Fprintf(g.stdout, "%s: not held, %d waiter(s) queued (a lock-delay after a lost grant, or the next grant under way)\n", quoteIfControl(args[0]), info.Waiters)
-				} else {
-					fmt.Fprintf(g.stdout, "%s: free\n", quoteIfControl(args[0]))
+					return nil
+				}
+				key := quoteIfControl(args[0])
+				switch {
+				case delay > 0 && queued:
+					fmt.Fprintf(g.stdout, "%s: not held; in its lock-delay for %v more (grants refused until then), %d waiter(s) queued\n", key, delayText(delay), info.Waiters)
+				case delay > 0:
+					fmt.Fprintf(g.stdout, "%s: not held; in its lock-delay for %v more (grants refused until then)\n", key, delayText(delay))
+				case queued:
+					fmt.Fprintf(g.stdout, "%s: not held, %d waiter(s) queued (a lock-delay after a lost grant, or the next grant under way)\n", key, info.Waiters)
+				default:
+					fmt.Fprintf(g.stdout, "%s: free\n", key)
 				}
 				return nil
 			case err != nil:
