@@ -351,15 +351,21 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 	defer signal.Stop(sigs)
 	actx, acancel := context.WithCancelCause(ctx)
 	defer acancel(nil)
-	stopWatch, watchDone := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(watchDone)
-		select {
-		case s := <-sigs:
-			acancel(interrupted{s.(syscall.Signal)})
-		case <-stopWatch:
-		}
-	}()
+	// startWatch turns the first of those signals into actx's cause, until
+	// endWatch, which returns that signal as an interrupted error, if any.
+	var stopWatch, watchDone chan struct{}
+	startWatch := func() {
+		stop, done := make(chan struct{}), make(chan struct{})
+		stopWatch, watchDone = stop, done
+		go func() {
+			defer close(done)
+			select {
+			case s := <-sigs:
+				acancel(interrupted{s.(syscall.Signal)})
+			case <-stop:
+			}
+		}()
+	}
 	endWatch := func() error {
 		close(stopWatch)
 		<-watchDone
@@ -369,6 +375,7 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 		}
 		return nil
 	}
+	startWatch()
 	locker, err := g.openRetrying(actx, retried, sayRetrying)
 	if intr := endWatch(); intr != nil {
 		if locker != nil {
@@ -390,15 +397,7 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 		return report(ExitUnavailable, "unavailable", err)
 	default:
 		defer locker.Close()
-		stopWatch, watchDone = make(chan struct{}), make(chan struct{})
-		go func() {
-			defer close(watchDone)
-			select {
-			case s := <-sigs:
-				acancel(interrupted{s.(syscall.Signal)})
-			case <-stopWatch:
-			}
-		}()
+		startWatch()
 		lease, permit, err = acquire(actx, locker, f, key, opts)
 		if intr := endWatch(); intr != nil {
 			_ = releaseLease(lease)
