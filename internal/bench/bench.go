@@ -150,6 +150,34 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 // runID keeps keys of one run apart from earlier runs on the same store.
 var runID = strconv.FormatInt(time.Now().UnixNano(), 36)
 
+// releaseTimeout bounds one release.
+const releaseTimeout = 10 * time.Second
+
+// release releases ls even when ctx was cancelled (an interrupted bench
+// still gives back what it holds), bounded by releaseTimeout.
+func release(ctx context.Context, ls *dlock.Lease) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	return ls.Release(rctx)
+}
+
+// tryAcquire is l.TryAcquire of key, run to its end even when ctx is
+// cancelled meanwhile (bounded by releaseTimeout): an attempt cut off
+// midway may leave behind what the store granted.
+func tryAcquire(ctx context.Context, l *dlock.Locker, key string, opts ...dlock.Option) (*dlock.Lease, error) {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	return l.TryAcquire(actx, key, opts...)
+}
+
+// acquire is l.Acquire of a key nobody else takes, run to its end even
+// when ctx is cancelled meanwhile, as tryAcquire.
+func acquire(ctx context.Context, l *dlock.Locker, key string) (*dlock.Lease, error) {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	return l.Acquire(actx, key)
+}
+
 func openLockers(ctx context.Context, store string, n int) ([]*dlock.Locker, func(), error) {
 	lockers := make([]*dlock.Locker, 0, n)
 	closeAll := func() {
@@ -187,13 +215,15 @@ func uncontended(ctx context.Context, store string, n int, d time.Duration) (Unc
 			key := fmt.Sprintf("bench:w1:%s:%d:%d", runID, n, i)
 			for time.Now().Before(end) && ctx.Err() == nil {
 				t0 := time.Now()
-				ls, err := l.Acquire(ctx, key)
+				ls, err := acquire(ctx, l, key) // an own key: free at once
 				if err != nil {
-					errs.Add(1)
+					if ctx.Err() == nil {
+						errs.Add(1)
+					}
 					continue
 				}
 				lat[i] = append(lat[i], time.Since(t0))
-				if err := ls.Release(ctx); err != nil {
+				if err := release(ctx, ls); err != nil {
 					errs.Add(1)
 					continue
 				}
@@ -255,7 +285,7 @@ func contended(ctx context.Context, store string, n int, d time.Duration) (Conte
 				handoffs++
 				lastRelease = time.Now()
 				mu.Unlock()
-				if err := ls.Release(ctx); err != nil {
+				if err := release(ctx, ls); err != nil {
 					errs.Add(1)
 				}
 			}
@@ -289,9 +319,12 @@ func held(ctx context.Context, store string, keys, pid int) (Held, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := w; i < keys; i += workers {
+			for i := w; i < keys && ctx.Err() == nil; i += workers {
 				// A long TTL keeps heartbeats rare while the keys are held.
-				ls, err := l.TryAcquire(ctx, fmt.Sprintf("bench:w3:%s:%d", runID, i), dlock.WithTTL(10*time.Minute))
+				// Not cut off by ctx: an attempt cancelled midway may leave
+				// what the store granted (an etcd lease) until its TTL; the
+				// loop stops at the next key instead.
+				ls, err := tryAcquire(ctx, l, fmt.Sprintf("bench:w3:%s:%d", runID, i), dlock.WithTTL(10*time.Minute))
 				if err != nil {
 					errs.Add(1)
 					continue
@@ -311,7 +344,7 @@ func held(ctx context.Context, store string, keys, pid int) (Held, error) {
 		go func() {
 			defer wg.Done()
 			for _, ls := range leases[w] {
-				_ = ls.Release(ctx)
+				_ = release(ctx, ls)
 			}
 		}()
 	}

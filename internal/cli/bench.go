@@ -7,8 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
+	"os/signal"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -63,7 +67,8 @@ touched:
                   sequence are dropped
 
 A URL that gives its own prefix=, path or dlock_table= is used as it is, and
-nothing is deleted there. dlockd keeps no key after a release, but every
+nothing is deleted there. Ctrl-C (or SIGTERM) stops the run: bench
+releases what it holds, deletes its namespace and exits 130 (143). dlockd keeps no key after a release, but every
 grant and release is an entry of its Raft log, which bench cannot remove:
 the log grows by the run's operations until dlockd's next snapshot
 compacts it (Raft keeps a bounded tail of entries after a snapshot).`,
@@ -95,11 +100,36 @@ compacts it (Raft keeps a bounded tail of entries after a snapshot).`,
 					}
 				}()
 			}
-			rep, err := bench.Run(cmd.Context(), bench.Config{
+			// Ctrl-C or SIGTERM stops the run; what it holds is released
+			// and its namespace deleted (the deferred cleanups) before
+			// bench exits 128+signal.
+			ctx, stop := context.WithCancel(cmd.Context())
+			defer stop()
+			sigs := make(chan os.Signal, 1)
+			signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+			defer signal.Stop(sigs)
+			var caught atomic.Value // the os.Signal that stopped the run
+			watchDone := make(chan struct{})
+			defer func() { stop(); <-watchDone }()
+			go func() {
+				defer close(watchDone)
+				select {
+				case sig := <-sigs:
+					caught.Store(sig)
+					fmt.Fprintf(g.stderr, "dlock: bench: %v: stopping, releasing and deleting what it created\n", sig)
+					stop()
+				case <-ctx.Done():
+				}
+			}()
+			rep, err := bench.Run(ctx, bench.Config{
 				Stores: stores, Clients: clients, ContendedClients: cclients, Duration: duration,
 				HoldKeys: holdKeys, SkipHold: skipHold, ServerPIDs: pidMap,
 				Progress: func(format string, a ...any) { fmt.Fprintf(g.stderr, "bench: "+format+"\n", a...) },
 			})
+			if sig, ok := caught.Load().(os.Signal); ok {
+				code := 128 + int(sig.(syscall.Signal))
+				return exit(code, "bench: interrupted by %v", sig)
+			}
 			if err != nil && strings.HasPrefix(err.Error(), "bench: client count") {
 				return exit(ExitUsage, "%w", err)
 			}
