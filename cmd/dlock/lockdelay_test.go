@@ -81,6 +81,12 @@ func TestStatus_LockDelayAfterForceRelease(t *testing.T) {
 	text, js := statusOf(t, store, key)
 	wantDelayed(t, key, text, js, delay)
 	t.Logf("right after the force release: %s", text)
+	// fence check: not current, and not called free either.
+	fc := dlock(t, store, "fence", "check", key, "1")
+	wantCode(t, fc, 1)
+	if !strings.HasPrefix(fc.stdout, "not current (the key is not held; in its lock-delay for ") {
+		t.Fatalf("fence check in a lock-delay: %q", fc.stdout)
+	}
 	// Grants are refused meanwhile: the key is held in all but name.
 	res := dlock(t, store, "run", key, "--", "true")
 	if time.Since(released) < delay-500*time.Millisecond {

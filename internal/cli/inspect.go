@@ -267,7 +267,9 @@ func newFenceCmd(g *globals) *cobra.Command {
 sequencer check), for resources that cannot store a fence themselves. Exit
 status 0 and "current" when it is; 1 and "not current (current fence N)"
 when the key is held under another fence, 1 and "not current (the key is
-free)" when nobody holds it. Inside dlock run, pass "$DLOCK_FENCE". This is the weaker check: the answer can change the
+free)" when nobody holds it ("not current (the key is not held; in its
+lock-delay for 1.8s more)" while dlockd refuses grants after a lost
+holder). Inside dlock run, pass "$DLOCK_FENCE". This is the weaker check: the answer can change the
 moment after it is given, so a resource that can store the greatest fence it
 has seen (package dlock/fence) should do that instead.`,
 		Example:           `  dlock fence check payout:2026-09 "$DLOCK_FENCE" && ./write-result`,
@@ -306,9 +308,14 @@ has seen (package dlock/fence) should do that instead.`,
 				if !free {
 					out["current_fence"] = info.Fence
 				}
+				if free && info.LockDelay > 0 {
+					out["lock_delay_seconds"] = info.LockDelay.Round(time.Millisecond).Seconds()
+				}
 				g.printJSON(out)
 			case current:
 				fmt.Fprintln(g.stdout, "current")
+			case free && info.LockDelay > 0:
+				fmt.Fprintf(g.stdout, "not current (the key is not held; in its lock-delay for %v more)\n", delayText(info.LockDelay))
 			case free:
 				fmt.Fprintln(g.stdout, "not current (the key is free)")
 			default:
