@@ -96,7 +96,11 @@ compacts it (Raft keeps a bounded tail of entries after a snapshot).`,
 				asGiven[scoped] = s
 				defer func() {
 					if err := cleanup(); err != nil {
-						fmt.Fprintf(g.stderr, "dlock: warning: bench could not delete its keys on %s: %v\n", s, err)
+						where := scoped
+						if u, perr := url.Parse(scoped); perr == nil {
+							where = u.Redacted()
+						}
+						fmt.Fprintf(g.stderr, "dlock: warning: bench could not delete its namespace, delete it by hand: %s: %v\n", where, err)
 					}
 				}()
 			}
