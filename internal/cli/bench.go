@@ -67,11 +67,13 @@ touched:
                   sequence are dropped
 
 A URL that gives its own prefix=, path or dlock_table= is used as it is, and
-nothing is deleted there. Ctrl-C (or SIGTERM) stops the run: bench
-releases what it holds, deletes its namespace and exits 130 (143). dlockd keeps no key after a release, but every
-grant and release is an entry of its Raft log, which bench cannot remove:
-the log grows by the run's operations until dlockd's next snapshot
-compacts it (Raft keeps a bounded tail of entries after a snapshot).`,
+nothing is deleted there. Ctrl-C (or SIGTERM) stops the run: bench releases
+what it holds, deletes its namespace and exits 130 (143).
+
+dlockd keeps no key after a release, but every grant and release is an
+entry of its Raft log, which bench cannot remove: the log grows by the
+run's operations until dlockd's next snapshot compacts it (Raft keeps a
+bounded tail of entries after a snapshot).`,
 		Example: `  dlock bench --store redis://127.0.0.1:6379 --store dlockd://127.0.0.1:7450
   dlock bench --store redis://127.0.0.1:6379 --pid redis://127.0.0.1:6379=$(pidof redis-server) -o json`,
 		Args: cobra.NoArgs,
