@@ -17,6 +17,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -100,6 +101,16 @@ func holdSkipped(store string) string {
 	return ""
 }
 
+// Redact returns store with its password masked (url.URL.Redacted), or
+// store unchanged when it is not a URL.
+func Redact(store string) string {
+	u, err := url.Parse(store)
+	if err != nil {
+		return store
+	}
+	return u.Redacted()
+}
+
 // Report is the whole run.
 type Report struct {
 	Uncontended []Uncontended `json:"uncontended"`
@@ -118,7 +129,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	var rep Report
 	for _, store := range cfg.Stores {
 		for _, n := range cfg.Clients {
-			cfg.Progress("W1 %s, %d clients", store, n)
+			cfg.Progress("W1 %s, %d clients", Redact(store), n)
 			r, err := uncontended(ctx, store, n, cfg.Duration)
 			if err != nil {
 				return rep, err
@@ -126,7 +137,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 			rep.Uncontended = append(rep.Uncontended, r)
 		}
 		for _, n := range cfg.ContendedClients {
-			cfg.Progress("W2 %s, %d clients on one key", store, n)
+			cfg.Progress("W2 %s, %d clients on one key", Redact(store), n)
 			r, err := contended(ctx, store, n, cfg.Duration)
 			if err != nil {
 				return rep, err
@@ -136,7 +147,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		if why := holdSkipped(store); why != "" && !cfg.SkipHold {
 			rep.Held = append(rep.Held, Held{Store: store, Keys: cfg.HoldKeys, Skipped: why})
 		} else if !cfg.SkipHold {
-			cfg.Progress("W3 %s, %d keys held", store, cfg.HoldKeys)
+			cfg.Progress("W3 %s, %d keys held", Redact(store), cfg.HoldKeys)
 			r, err := held(ctx, store, cfg.HoldKeys, cfg.ServerPIDs[store])
 			if err != nil {
 				return rep, err

@@ -142,13 +142,13 @@ bounded tail of entries after a snapshot).`,
 			if err != nil {
 				return g.storeErr("bench", "", err)
 			}
-			// The report names each store as the user gave it, not by its
-			// throwaway namespace.
+			// The report names each store as the user gave it (its password
+			// masked), not by its throwaway namespace.
 			given := func(s string) string {
 				if g, ok := asGiven[s]; ok {
-					return g
+					return bench.Redact(g)
 				}
-				return s
+				return bench.Redact(s)
 			}
 			for i := range rep.Uncontended {
 				rep.Uncontended[i].Store = given(rep.Uncontended[i].Store)
