@@ -130,3 +130,58 @@ func Durations(q url.Values, params map[string]*time.Duration) error {
 	}
 	return nil
 }
+
+// Addrs checks the host part of a store URL, one address or a
+// comma-separated list: there must be at least one address, no entry may
+// be empty, every entry must name a host (an empty host is never read as
+// 127.0.0.1 or localhost: with DLOCK_STORE=dlockd://$LOCKHOST:7450 and
+// LOCKHOST unset, every machine would lock against its own server), and
+// every port must be a number in 1..65535. A port that is absent is allowed
+// only when !needPort (the driver documents a default port); "host:" with
+// nothing after the colon is always an error. what names the driver in the
+// message and shape is the URL's form (e.g. "dlockd://HOST:PORT"), shown so
+// the message says what to write. Every error matches
+// driver.ErrInvalidArgument.
+func Addrs(what, host, shape string, needPort bool) error {
+	if strings.TrimSpace(host) == "" {
+		return Invalid("%s: the URL names no host (want %s)", what, shape)
+	}
+	for _, h := range strings.Split(host, ",") {
+		h = strings.TrimSpace(h)
+		if h == "" {
+			return Invalid("%s: URL host list %q has an empty entry (want %s)", what, host, shape)
+		}
+		if err := addr(what, h, shape, needPort); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func addr(what, hostport, shape string, needPort bool) error {
+	name, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		var aerr *net.AddrError
+		if !errors.As(err, &aerr) || aerr.Err != "missing port in address" {
+			return Invalid("%s: address %q: %v (want %s)", what, hostport, err, shape)
+		}
+		name = strings.TrimSuffix(strings.TrimPrefix(hostport, "["), "]")
+		if name == "" {
+			return Invalid("%s: address %q has an empty host (want %s)", what, hostport, shape)
+		}
+		if needPort {
+			return Invalid("%s: address %q has no port (want %s)", what, hostport, shape)
+		}
+		return nil
+	}
+	if name == "" {
+		return Invalid("%s: address %q has an empty host (want %s)", what, hostport, shape)
+	}
+	if port == "" {
+		return Invalid("%s: address %q has an empty port (want %s)", what, hostport, shape)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return Invalid("%s: address %q: port %q is not a number in 1..65535 (want %s)", what, hostport, port, shape)
+	}
+	return nil
+}

@@ -62,3 +62,45 @@ func TestInvalidInputMatchesErrInvalidArgument(t *testing.T) {
 		t.Errorf("Known: %v", err)
 	}
 }
+
+func TestAddrs(t *testing.T) {
+	for _, tc := range []struct {
+		host     string
+		needPort bool
+		want     string // "" = accepted; else a fragment of the error
+	}{
+		{"127.0.0.1:7450", true, ""},
+		{"[::1]:7450", true, ""},
+		{"a:1,b:2", true, ""},
+		{"host", false, ""},
+		{"[::1]", false, ""},
+		{"a,b:2", false, ""},
+		{"", false, "names no host"},
+		{" ", true, "names no host"},
+		{":7450", true, "empty host"},
+		{":7450", false, "empty host"},
+		{"[]:7450", true, "empty host"},
+		{"127.0.0.1", true, "has no port"},
+		{"[::1]", true, "has no port"},
+		{"127.0.0.1:", false, "empty port"},
+		{"127.0.0.1:", true, "empty port"},
+		{"a:1,,b:2", true, "empty entry"},
+		{"a:1,:2", true, "empty host"},
+		{"a:1,b", true, "has no port"},
+		{"a:99999", false, "1..65535"},
+	} {
+		err := Addrs("x", tc.host, "x://HOST:PORT", tc.needPort)
+		if tc.want == "" {
+			if err != nil {
+				t.Errorf("Addrs(%q, %v) = %v", tc.host, tc.needPort, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "x://HOST:PORT") {
+			t.Errorf("Addrs(%q, %v) = %v; want an error with %q and the URL shape", tc.host, tc.needPort, err, tc.want)
+		}
+		if !errors.Is(err, driver.ErrInvalidArgument) {
+			t.Errorf("Addrs(%q) = %v; want ErrInvalidArgument", tc.host, err)
+		}
+	}
+}
