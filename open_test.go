@@ -30,6 +30,13 @@ func TestOpen_BadURLIsInvalidArgument(t *testing.T) {
 		{"dlockd://127.0.0.1:99999", []string{`dlockd://127.0.0.1:99999`, `port "99999"`, "1..65535"}},
 		{"dlockd://127.0.0.1:0", []string{`port "0"`}},
 		{"dlockd://127.0.0.1:x", []string{`invalid port`}},
+		// An empty host or port is never 127.0.0.1:7450 (issue 13 F5):
+		// dlockd://$LOCKHOST:7450 with LOCKHOST unset must not lock locally.
+		{"dlockd://", []string{"names no host", "dlockd://HOST:PORT"}},
+		{"dlockd://127.0.0.1", []string{`"127.0.0.1" has no port`, "dlockd://HOST:PORT"}},
+		{"dlockd://:7450", []string{`":7450" has an empty host`, "dlockd://HOST:PORT"}},
+		{"dlockd://127.0.0.1:", []string{`"127.0.0.1:" has an empty port`}},
+		{"redis://127.0.0.1:", []string{`"127.0.0.1:" has an empty port`}},
 		{"redlock://127.0.0.1:6379,127.0.0.1:70000,127.0.0.1:6381", []string{`port "70000"`}},
 		{"dlockd://127.0.0.1:7450?bogus=1", []string{"dlockd://127.0.0.1:7450?bogus=1", "bogus"}},
 		{"/var/run/dlockd.sock", []string{"has no scheme", "dlockd://127.0.0.1:7450"}},

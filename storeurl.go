@@ -96,7 +96,11 @@ func looksLikeHost(s string) bool {
 }
 
 // checkPorts checks the port of every comma-separated host:port in host (a
-// URL's host part; Redlock, etcd and ZooKeeper URLs list several).
+// URL's host part; Redlock, etcd and ZooKeeper URLs list several): a port
+// after a colon must be a number in 1..65535, and not empty. An empty host
+// or an absent port is left to the driver, which knows whether it has a
+// default (libpq reads an empty host as PGHOST or the Unix socket; this
+// module's other drivers refuse an empty host, see their package docs).
 func checkPorts(host string) error {
 	for _, h := range strings.Split(host, ",") {
 		i := strings.LastIndexByte(h, ':')
@@ -105,7 +109,9 @@ func checkPorts(host string) error {
 		}
 		p := h[i+1:]
 		if p == "" {
-			continue // "host:" — the driver's default port
+			// "host:" reads as a template whose port variable was unset;
+			// never let a driver read it as its default port.
+			return fmt.Errorf("%q has an empty port", h)
 		}
 		n, err := strconv.Atoi(p)
 		if err != nil || n < 1 || n > 65535 {

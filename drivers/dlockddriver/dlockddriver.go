@@ -6,8 +6,11 @@
 //
 // # URL
 //
-// dlockd://host:port?lock_delay=DURATION. The port defaults to 7450 and the
-// host to 127.0.0.1. lock_delay (a Go duration such as 2s; see
+// dlockd://host:port?lock_delay=DURATION. Both the host and the port must
+// be given (dlockd's usual port is DefaultPort, 7450): an empty host or port
+// is a configuration error at Open, never a default, so that
+// dlockd://$LOCKHOST:7450 with LOCKHOST unset cannot make every machine lock
+// against a dlockd of its own. lock_delay (a Go duration such as 2s; see
 // Options.LockDelay) is sent with every acquisition; absent or 0 means the
 // server's default. Any other parameter, or a lock_delay that is negative
 // or not a duration, is a configuration error at Open.
@@ -61,7 +64,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net"
 	"net/url"
 	"strings"
 	"sync"
@@ -84,7 +86,8 @@ import (
 // Scheme is the URL scheme of dlockd stores.
 const Scheme = "dlockd"
 
-// DefaultPort is the port of a dlockd URL that names none.
+// DefaultPort is dlockd's usual port (cmd/dlockd's default listen port).
+// A dlockd URL must still name its port: Open does not default it.
 const DefaultPort = "7450"
 
 func init() {
@@ -165,11 +168,11 @@ var (
 var urlParams = []string{"lock_delay"}
 
 // Open opens a Driver for a dlockd://host:port[?lock_delay=DURATION] URL
-// (port 7450 when missing, host 127.0.0.1 when empty; see the package
-// documentation). The connection is made lazily: Open does not fail when
-// the server is down. It returns an error matching driver.ErrInvalidArgument
-// (never driver.ErrUnavailable) for another scheme, a port outside
-// 1..65535, more than one host, a user or path, an unknown query parameter,
+// (see the package documentation). The connection is made lazily: Open
+// does not fail when the server is down. It returns an error matching
+// driver.ErrInvalidArgument (never driver.ErrUnavailable) for another
+// scheme, an empty host, a missing or empty port, a port outside 1..65535,
+// more than one host, a user or path, an unknown query parameter,
 // or a lock_delay that is not a duration or is negative.
 func Open(ctx context.Context, u *url.URL) (*Driver, error) {
 	if u.Scheme != Scheme {
@@ -190,25 +193,19 @@ func Open(ctx context.Context, u *url.URL) (*Driver, error) {
 	if strings.Contains(u.Host, ",") {
 		return nil, urlparam.Invalid("dlockd: URL host %q names more than one server; name one", u.Host)
 	}
-	if err := urlparam.Port("dlockd", u.Host); err != nil {
+	if err := urlparam.Addrs("dlockd", u.Host, "dlockd://HOST:PORT", true); err != nil {
 		return nil, err
 	}
 	if u.User != nil || (u.Path != "" && u.Path != "/") {
 		return nil, urlparam.Invalid("dlockd: URL %q: want dlockd://host:port[?lock_delay=DURATION], without user or path", u.Redacted())
 	}
-	host, port := u.Hostname(), u.Port()
-	if host == "" {
-		host = "127.0.0.1"
-	}
-	if port == "" {
-		port = DefaultPort
-	}
-	return Dial(net.JoinHostPort(host, port), opts)
+	return Dial(u.Host, opts)
 }
 
 // Dial opens a Driver on the dlockd at target (host:port) with its own gRPC
 // connection, which Close closes. It returns an error for invalid opts or
-// a target gRPC refuses; it does not connect yet.
+// a target gRPC refuses, and an error matching driver.ErrInvalidArgument
+// for a target without a host or a port; it does not connect yet.
 func Dial(target string, opts *Options) (*Driver, error) {
 	if opts == nil {
 		opts = &Options{}
@@ -229,7 +226,7 @@ func Dial(target string, opts *Options) (*Driver, error) {
 		grpc.WithInitialWindowSize(1 << 20),
 		grpc.WithInitialConnWindowSize(1 << 20),
 	}
-	if err := urlparam.Port("dlockd", target); err != nil {
+	if err := urlparam.Addrs("dlockd", target, "HOST:PORT", true); err != nil {
 		return nil, err
 	}
 	cc, err := grpc.NewClient("passthrough:///"+target, append(dopts, opts.DialOptions...)...)

@@ -85,8 +85,10 @@ func TestConformance_Subprocess(t *testing.T) {
 	})
 }
 
-func TestOpen_DefaultPort(t *testing.T) {
-	u, _ := url.Parse("dlockd://127.0.0.1")
+// TestOpen_LazyThenClosed: Open does not connect (no server listens at
+// the URL), and a closed Driver refuses calls with ErrClosed.
+func TestOpen_LazyThenClosed(t *testing.T) {
+	u, _ := url.Parse("dlockd://127.0.0.1:" + dlockddriver.DefaultPort)
 	d, err := dlockddriver.Open(t.Context(), u)
 	if err != nil {
 		t.Fatal(err)

@@ -122,10 +122,37 @@ func TestOpen_InvalidURLIsInvalidArgument(t *testing.T) {
 		"dlockd://user:pw@127.0.0.1:7450",
 		"dlockd://127.0.0.1:7450/db",
 		"redis://127.0.0.1:7450",
+		// An empty host or port is never a default (issue 13 F5).
+		"dlockd://",
+		"dlockd:///",
+		"dlockd://127.0.0.1",
+		"dlockd://127.0.0.1:",
+		"dlockd://:7450",
+		"dlockd://:47937",
+		"dlockd://[::1]",
+		"dlockd://:",
 	}
 	for i, err := range dlocktest.OpenURLRefuses(t, dlockddriver.Open, urls...) {
 		if err != nil && strings.Contains(err.Error(), "pw") {
 			t.Errorf("Open(%q) = %q shows the password", urls[i], err)
+		}
+	}
+	for raw, want := range map[string]string{
+		"dlockd://":          "names no host",
+		"dlockd://127.0.0.1": "has no port",
+		"dlockd://:7450":     "empty host",
+	} {
+		u, _ := url.Parse(raw)
+		if _, err := dlockddriver.Open(t.Context(), u); err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "dlockd://HOST:PORT") {
+			t.Errorf("Open(%q) = %v; want a message with %q and dlockd://HOST:PORT", raw, err, want)
+		}
+	}
+	for _, target := range []string{":7450", "127.0.0.1", "127.0.0.1:", ""} {
+		if d, err := dlockddriver.Dial(target, nil); err == nil {
+			_ = d.Close()
+			t.Errorf("Dial(%q) accepted", target)
+		} else if !errors.Is(err, driver.ErrInvalidArgument) {
+			t.Errorf("Dial(%q) = %v; want ErrInvalidArgument", target, err)
 		}
 	}
 	if d, err := dlockddriver.Dial("127.0.0.1:99999", nil); err == nil {
