@@ -471,7 +471,7 @@ type queued struct {
 // many entries are ahead. On an error the lease has been revoked (best
 // effort).
 func (d *Driver) enqueue(ctx context.Context, req driver.AcquireRequest) (queued, error) {
-	lg, err := d.cli.Grant(ctx, leaseSeconds(req.TTL))
+	lg, err := d.grant(ctx, req.TTL)
 	if err != nil {
 		return queued{}, err
 	}
@@ -506,6 +506,70 @@ func (d *Driver) enqueue(ctx context.Context, req driver.AcquireRequest) (queued
 		q.ahead = rr.Count
 	}
 	return q, nil
+}
+
+// grant asks etcd for a lease of ttl. The call itself runs under the op
+// timeout, not ctx: when ctx ends first, grant returns ctx's error at once
+// and a lease etcd grants after that is revoked as soon as its answer
+// arrives, so that a caller who gave up never leaves a lease nobody knows
+// of (it would hold no key, but live one TTL). Close ends the call and
+// waits for it.
+func (d *Driver) grant(ctx context.Context, ttl time.Duration) (*clientv3.LeaseGrantResponse, error) {
+	type answer struct {
+		lg  *clientv3.LeaseGrantResponse
+		err error
+	}
+	bound := time.Now().Add(d.opTimeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Add(250*time.Millisecond).Before(bound) {
+		// Never wait much past ctx's deadline for the answer: the
+		// caller's op timeout still bounds the call.
+		bound = dl.Add(250 * time.Millisecond)
+	}
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil, driver.ErrClosed
+	}
+	d.wg.Add(1) // under d.mu: never concurrently with Close's Wait
+	d.mu.Unlock()
+	gctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), bound)
+	stop := context.AfterFunc(d.closeCtx, cancel) // Close ends the call
+	var (
+		mu        sync.Mutex
+		abandoned bool
+	)
+	done := make(chan answer, 1)
+	go func() {
+		defer d.wg.Done()
+		defer stop()
+		defer cancel()
+		lg, err := d.cli.Grant(gctx, leaseSeconds(ttl))
+		mu.Lock()
+		gone := abandoned
+		if !gone {
+			done <- answer{lg, err}
+		}
+		mu.Unlock()
+		if gone && err == nil {
+			d.revoke(ctx, lg.ID) // the caller gave up before the answer came
+		}
+	}()
+	select {
+	case a := <-done:
+		return a.lg, a.err
+	case <-ctx.Done():
+		mu.Lock()
+		abandoned = true
+		mu.Unlock()
+		select {
+		case a := <-done: // answered just before: nobody will use it
+			if a.err == nil {
+				d.revoke(ctx, a.lg.ID)
+			}
+		default:
+		}
+		return nil, ctx.Err()
+	}
 }
 
 // ahead re-reads, in one transaction, that q's entry k still exists and
