@@ -6,7 +6,9 @@
 //	etcd://host:port[,host:port…][/prefix][?dial_timeout=5s&op_timeout=5s]
 //
 // or construct it directly with New over a client you already have. The
-// prefix defaults to "/dlock".
+// prefix defaults to "/dlock". Every endpoint names its host and port (an
+// empty host or port, or an endpoint without a port, is an error at Open,
+// never a default).
 //
 // # Layout and ordering
 //
@@ -233,15 +235,15 @@ func newDriver(cli Client, closeCli func() error, opts *Options) *Driver {
 // driver owns the client and closes it in Close. Open reads from the cluster
 // once, and
 // returns an error wrapping driver.ErrUnavailable when no endpoint answers
-// within ctx and dial_timeout (default 5 s).
+// within ctx and dial_timeout (default 5 s). An invalid URL (another scheme,
+// no endpoint, an empty host or port, an endpoint without a port, a port
+// outside 1..65535, an unknown or malformed parameter, a reserved prefix)
+// returns an error matching driver.ErrInvalidArgument instead.
 func Open(ctx context.Context, u *url.URL) (*Driver, error) {
 	if u.Scheme != "etcd" {
 		return nil, urlparam.Invalid("etcddriver: URL scheme %q, want etcd", u.Scheme)
 	}
-	if u.Host == "" {
-		return nil, urlparam.Invalid("etcddriver: URL %q has no host", u.Redacted())
-	}
-	if err := urlparam.Ports("etcddriver", u.Host); err != nil {
+	if err := urlparam.Addrs("etcddriver", u.Host, "etcd://HOST:PORT[,HOST:PORT…][/prefix]", true); err != nil {
 		return nil, err
 	}
 	q := u.Query()

@@ -1,6 +1,7 @@
 package etcddriver_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -80,6 +81,11 @@ func TestOpen_InvalidURLIsInvalidArgument(t *testing.T) {
 		"etcd://" + e.Addr() + "?dial_timeout=-1s",
 		"etcd://" + e.Addr() + "/.locks",
 		"redis://" + e.Addr(),
+		// No endpoint defaults its host or port (issue 13 F5).
+		"etcd://:" + strings.TrimPrefix(e.Addr(), "127.0.0.1:"),
+		"etcd://127.0.0.1",
+		"etcd://127.0.0.1:",
+		"etcd://" + e.Addr() + ",:2379",
 	}
 	dlocktest.OpenURLRefuses(t, etcddriver.Open, urls...)
 	dlocktest.RootOpenNotUnavailable(t, urls...)

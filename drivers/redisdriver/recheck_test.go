@@ -3,6 +3,7 @@ package redisdriver
 import (
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -200,6 +201,15 @@ func TestOpen_InvalidURLIsInvalidArgument(t *testing.T) {
 		r.URL() + "/99",                     // beyond the server's 16 databases
 		"redis://nobody:secret@" + r.Addr(), // a user the server does not know
 		"http://" + r.Addr(),
+		// An empty host is never go-redis's localhost, and an empty port
+		// never 6379 (issue 13 F5).
+		"redis://",
+		"rediss://",
+		"redis:///0",
+		"redis://:6379",
+		"redis://:" + strconv.Itoa(r.Port()),
+		"redis://:secret@:" + strconv.Itoa(r.Port()) + "/0",
+		"redis://127.0.0.1:",
 	}
 	dlocktest.OpenRefuses(t, Open, urls...)
 	dlocktest.RootOpenNotUnavailable(t, urls...)

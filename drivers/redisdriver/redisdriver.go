@@ -7,6 +7,9 @@
 //
 //	locker, err := dlock.Open(ctx, "redis://:password@127.0.0.1:6379/0")
 //
+// The URL must name a host (an empty host is an error, never localhost);
+// the port defaults to 6379 (see OpenURL).
+//
 // or construct it over a client you already have (the driver never closes a
 // client it did not create):
 //
@@ -258,7 +261,14 @@ func Open(ctx context.Context, rawURL string) (*Driver, error) {
 // Command retries are off unless max_retries is given, a failed dial is not
 // retried within a call, and the context's deadline bounds every call.
 //
-// An invalid URL (another scheme, a port outside 1..65535, a bad database
+// The host must be given: an empty host (redis://, redis://:6379) is an
+// invalid URL, never go-redis's default of localhost, so that
+// redis://$LOCKHOST:6379 with LOCKHOST unset cannot make every machine lock
+// against a Redis of its own. The port may be left out and is then 6379,
+// Redis's well-known port (redis://host); "host:" with an empty port is
+// invalid.
+//
+// An invalid URL (another scheme, an empty host or port, a port outside 1..65535, a bad database
 // number, an unknown or malformed parameter) and a server that refuses the
 // URL's credentials or database number return an error matching
 // driver.ErrInvalidArgument, never driver.ErrUnavailable.
@@ -267,7 +277,7 @@ func OpenURL(ctx context.Context, u *url.URL) (*Driver, error) {
 	if u.Scheme != "redis" && u.Scheme != "rediss" {
 		return nil, urlparam.Invalid("redisdriver: URL scheme %q, want redis or rediss", u.Scheme)
 	}
-	if err := urlparam.Port("redisdriver", u.Host); err != nil {
+	if err := urlparam.Addrs("redisdriver", u.Host, u.Scheme+"://HOST[:PORT][/DB]", false); err != nil {
 		return nil, err
 	}
 	cu := *u

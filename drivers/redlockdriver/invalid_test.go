@@ -1,6 +1,7 @@
 package redlockdriver_test
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 
@@ -25,6 +26,12 @@ func TestOpen_InvalidURLIsInvalidArgument(t *testing.T) {
 		"redlock://" + hosts + "?db=99",               // beyond each node's 16 databases
 		"redlock://nobody:secret@" + hosts,            // a user no node knows
 		"redis://" + strings.SplitN(hosts, ",", 2)[0], // another scheme
+		// No node defaults its host or port (issue 13 F5).
+		"redlock://",
+		"redlock://:" + strconv.Itoa(rs[0].Port()) + "," + rs[1].Addr() + "," + rs[2].Addr(),
+		"redlock://127.0.0.1," + rs[1].Addr() + "," + rs[2].Addr(),
+		"redlock://127.0.0.1:," + rs[1].Addr() + "," + rs[2].Addr(),
+		"redlock://" + rs[0].Addr() + ",," + rs[1].Addr() + "," + rs[2].Addr(),
 	}
 	dlocktest.OpenURLRefuses(t, redlockdriver.Open, urls...)
 	dlocktest.RootOpenNotUnavailable(t, urls...)

@@ -6,7 +6,9 @@
 //
 //	redlock://[:password@]host:port,host:port,host:port[,…][?node_timeout=50ms&db=0&prefix=P]
 //
-// or construct it directly with New over clients you already have.
+// Every node names its host and port (an empty host or port, or a node
+// without a port, is an error at Open, never a default). Or construct it
+// directly with New over clients you already have.
 //
 // # The algorithm
 //
@@ -255,8 +257,10 @@ func urlPrefix(vs []string) (string, error) {
 // drivers with different prefixes are independent; P must be 1 to
 // MaxURLPrefixBytes bytes of printable characters (no space or control
 // character). Without it the prefix is "dlock:redlock:". The driver owns
-// the clients and closes them in Close. An invalid URL (another scheme,
-// fewer than MinNodes hosts, a port outside 1..65535, an unknown or
+// the clients and closes them in Close. Every node must name its host and
+// port: there is no default for either. An invalid URL (another scheme,
+// fewer than MinNodes hosts, an empty node, host or port, a missing port,
+// a port outside 1..65535, an unknown or
 // malformed parameter) and nodes that refuse its credentials or database number
 // (enough of them that no majority is possible) return an error matching
 // driver.ErrInvalidArgument.
@@ -264,7 +268,7 @@ func Open(ctx context.Context, u *url.URL) (*Driver, error) {
 	if u.Scheme != "redlock" {
 		return nil, urlparam.Invalid("redlockdriver: URL scheme %q, want redlock", u.Scheme)
 	}
-	if err := urlparam.Ports("redlockdriver", u.Host); err != nil {
+	if err := urlparam.Addrs("redlockdriver", u.Host, "redlock://HOST:PORT,HOST:PORT,HOST:PORT", true); err != nil {
 		return nil, err
 	}
 	q := u.Query()

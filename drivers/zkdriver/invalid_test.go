@@ -22,6 +22,11 @@ func TestOpen_InvalidURLIsInvalidArgument(t *testing.T) {
 		"zk://127.0.0.1:2181/dlock?op_timeout=0s",
 		"zk://127.0.0.1:2181/.locks",
 		"etcd://127.0.0.1:2181/dlock",
+		// No server defaults its host, nor an empty port (issue 13 F5).
+		"zk://:2181/dlock",
+		"zk://127.0.0.1:/dlock",
+		"zk://127.0.0.1:2181,:2182/dlock",
+		"zk://127.0.0.1:2181,,127.0.0.1:2182/dlock",
 	}
 	open := func(ctx context.Context, u *url.URL) (*zkdriver.Driver, error) { return zkdriver.Open(ctx, u, nil) }
 	dlocktest.OpenURLRefuses(t, open, urls...)

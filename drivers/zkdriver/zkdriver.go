@@ -5,7 +5,10 @@
 //
 //	zk://host:port[,host:port…]/root[?session_timeout=4s&op_timeout=5s]
 //
-// The root path defaults to "/dlock"; it and its child "/.locks" are
+// Every server names its host (an empty host is an error at Open, never
+// localhost); a server without a port uses ZooKeeper's 2181, as
+// go-zookeeper does, and "host:" with an empty port is an error. The root
+// path defaults to "/dlock"; it and its child "/.locks" are
 // created (persistent) when missing. A root with a path element starting
 // with "." is refused (see "Roots" below).
 //
@@ -226,17 +229,14 @@ func (nopLogger) Printf(string, ...any) {}
 // session_timeout and op_timeout (Go durations). It waits, within ctx, until
 // the first session is established and the root exists, and returns an
 // error wrapping driver.ErrUnavailable when that fails. An invalid URL
-// (another scheme, no host, a port outside 1..65535, an unknown or
+// (another scheme, no host, an empty host or port, a port outside 1..65535, an unknown or
 // malformed parameter, a reserved root) returns an error matching
 // driver.ErrInvalidArgument instead. opts may be nil.
 func Open(ctx context.Context, u *url.URL, opts *Options) (*Driver, error) {
 	if u.Scheme != "zk" {
 		return nil, urlparam.Invalid("zkdriver: URL scheme %q, want zk", u.Scheme)
 	}
-	if u.Host == "" {
-		return nil, urlparam.Invalid("zkdriver: URL %q has no host", u.Redacted())
-	}
-	if err := urlparam.Ports("zkdriver", u.Host); err != nil {
+	if err := urlparam.Addrs("zkdriver", u.Host, "zk://HOST[:PORT][,HOST[:PORT]…]/root", false); err != nil {
 		return nil, err
 	}
 	q := u.Query()
