@@ -264,6 +264,11 @@ func New(pool Pool, opts *Options) (*Driver, error) {
 // dlock_table set Options.Schema and Options.Table. It pings the database
 // and returns an error wrapping driver.ErrUnavailable when it cannot be
 // reached.
+//
+// The host follows libpq, as pgx reads it: an empty host (pgadvisory://u@/db,
+// pgadvisory://u@:5432/db) is not a default address but PGHOST, else the local
+// Unix socket, as for psql; the port defaults to PGPORT, else 5432. A
+// "host:" with an empty port is an invalid URL.
 func Open(ctx context.Context, rawURL string) (*Driver, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {

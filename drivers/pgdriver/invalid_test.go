@@ -19,6 +19,7 @@ func TestOpen_InvalidURLIsInvalidArgument(t *testing.T) {
 	urls := []string{
 		"postgres://postgres@127.0.0.1:99999/postgres?sslmode=disable",
 		"postgres://postgres@127.0.0.1:0/postgres?sslmode=disable",
+		"postgres://postgres@127.0.0.1:/postgres?sslmode=disable", // an empty port (issue 13 F5)
 		base + "&sslmode=sometimes",
 		base + "&pool_max_conns=many",
 		base + "&no_such_setting=1",

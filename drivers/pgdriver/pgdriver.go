@@ -225,6 +225,11 @@ func New(db DB, opts *Options) (*Driver, error) {
 // dlock_schema and dlock_table set Options.Schema and Options.Table and are
 // removed before the URL reaches pgx. It pings the database and returns an
 // error wrapping driver.ErrUnavailable when it cannot be reached.
+//
+// The host follows libpq, as pgx reads it: an empty host (postgres://u@/db,
+// postgres://u@:5432/db) is not a default address but PGHOST, else the local
+// Unix socket, as for psql; the port defaults to PGPORT, else 5432. A
+// "host:" with an empty port is an invalid URL.
 func Open(ctx context.Context, rawURL string) (*Driver, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {

@@ -51,8 +51,10 @@ func (e *invalid) Unwrap() []error {
 }
 
 // Port checks the port of one "host:port" address (or a bare host, which
-// has none): when present it must be a decimal number in 1..65535. what
-// names the URL's scheme or driver in the error.
+// has none): when present it must be a decimal number in 1..65535, and
+// "host:" with an empty port is an error (it reads as a template whose
+// port variable was unset). what names the URL's scheme or driver in the
+// error. Port does not check the host: see Addrs.
 func Port(what, hostport string) error {
 	_, port, err := net.SplitHostPort(hostport)
 	if err != nil {
@@ -63,7 +65,7 @@ func Port(what, hostport string) error {
 		return Invalid("%s: address %q: %v", what, hostport, err)
 	}
 	if port == "" {
-		return nil
+		return Invalid("%s: address %q has an empty port", what, hostport)
 	}
 	n, err := strconv.Atoi(port)
 	if err != nil || n < 1 || n > 65535 {

@@ -42,6 +42,7 @@ func TestInvalidInputMatchesErrInvalidArgument(t *testing.T) {
 		"port 99999":    Port("x", "127.0.0.1:99999"),
 		"port 0":        Port("x", "127.0.0.1:0"),
 		"port name":     Port("x", "[::1]:http"),
+		"empty port":    Port("x", "127.0.0.1:"),
 		"ports":         Ports("x", "a:1,b:70000"),
 		"unknown param": Known("x", q, "b"),
 		"wrapped":       Wrap("x", errors.New("bad")),
