@@ -124,6 +124,26 @@ type globals struct {
 	// fromEnvOrFile holds the flags set from the environment or the
 	// configuration file (their Changed stays false).
 	fromEnvOrFile map[string]bool
+	// source names where each of those came from, for messages:
+	// "DLOCK_TTL" or "configuration file F, key ttl".
+	source map[string]string
+	// retryFor is the retry budget of status, list, release and fence
+	// check for a store that cannot be reached (--retry-for).
+	retryFor time.Duration
+	// run's key and --report, for the report of a usage error that cobra
+	// returns before run's own code runs.
+	runKey    string
+	runReport *string
+}
+
+// flagName names the setting of flag for a message: "--ttl", or where its
+// value came from when not from the flag ("DLOCK_TTL=...", "configuration
+// file F, key ttl").
+func (g *globals) flagName(flag string) string {
+	if s := g.source[flag]; s != "" {
+		return s
+	}
+	return "--" + flag
 }
 
 func (g *globals) json() bool { return g.output == "json" }
@@ -325,7 +345,7 @@ func plainCause(err error) string {
 // the process exit code.
 func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	// dlock run's stdout belongs to its command, even for usage errors.
-	g := &globals{stdout: stdout, stderr: stderr, stdin: stdin, ownsStdout: !isRun(args), fromEnvOrFile: map[string]bool{}}
+	g := &globals{stdout: stdout, stderr: stderr, stdin: stdin, ownsStdout: !isRun(args), fromEnvOrFile: map[string]bool{}, source: map[string]string{}}
 	root := newRoot(g)
 	root.SetArgs(args)
 	root.SetIn(stdin)

@@ -8,7 +8,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -98,7 +100,7 @@ func loadConfig(path string, explicit bool) (*fileConfig, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
 	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) { // io.EOF: an empty file
-		return nil, fmt.Errorf("configuration file %s: %v (known keys: store, ttl, token, output, holder, retry_for)", path, err)
+		return nil, fmt.Errorf("configuration file %s: %s (known keys: store, ttl, token, output, holder, retry_for)", path, yamlProblem(err))
 	}
 	return c, nil
 }
@@ -122,13 +124,15 @@ func applyConfig(cmd *cobra.Command, g *globals) error {
 				return exit(ExitUsage, "%s=%q: %v", s.env, v, err)
 			}
 			g.fromEnvOrFile[s.flag] = true
+			g.source[s.flag] = s.env
 			continue
 		}
 		if v := s.file(c); v != "" {
 			if err := f.Value.Set(v); err != nil {
-				return exit(ExitUsage, "%s in configuration file %s = %q: %v", strings.ReplaceAll(s.flag, "-", "_"), path, v, err)
+				return exit(ExitUsage, "configuration file %s: %s: %q: %v", path, strings.ReplaceAll(s.flag, "-", "_"), v, err)
 			}
 			g.fromEnvOrFile[s.flag] = true
+			g.source[s.flag] = fmt.Sprintf("configuration file %s: %s", path, strings.ReplaceAll(s.flag, "-", "_"))
 		}
 	}
 	if c.Token != "" {
@@ -144,4 +148,36 @@ func knownSchemes(registered []string) string {
 	s := append([]string(nil), registered...)
 	sort.Strings(s)
 	return strings.Join(s, ", ")
+}
+
+// yamlProblem says in plain words what is wrong with the configuration
+// file, from the YAML decoder's error (which names Go types).
+func yamlProblem(err error) string {
+	var lines []string
+	var te *yaml.TypeError
+	if errors.As(err, &te) {
+		lines = te.Errors
+	} else {
+		lines = []string{strings.TrimPrefix(err.Error(), "yaml: ")}
+	}
+	field := regexp.MustCompile(`^(line \d+: )?field (.*) not found in type .*$`)
+	notScalar := regexp.MustCompile(`^(line \d+: )?cannot unmarshal !!(\w+)(?: .*)? into (.*)$`)
+	for i, l := range lines {
+		if m := field.FindStringSubmatch(l); m != nil {
+			lines[i] = m[1] + "unknown key " + strconv.Quote(m[2])
+			continue
+		}
+		if m := notScalar.FindStringSubmatch(l); m != nil {
+			what := map[string]string{"seq": "a list", "map": "a mapping", "str": "a string", "int": "a number", "bool": "a boolean", "float": "a number"}[m[2]]
+			if what == "" {
+				what = "a " + m[2]
+			}
+			if strings.Contains(m[3], "fileConfig") {
+				lines[i] = m[1] + "the file must be flat \"key: value\" lines, not " + what
+			} else {
+				lines[i] = m[1] + "a value must be a single word or string, not " + what
+			}
+		}
+	}
+	return strings.Join(lines, "; ")
 }

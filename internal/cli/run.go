@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/signal"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -58,11 +59,17 @@ type runResult struct {
 	SlotKey  string `json:"permit_key,omitempty"`
 	ExitCode int    `json:"exit_code"`
 	Error    string `json:"error,omitempty"`
-	// ReleaseError is set when the final release failed (the store could
-	// not be reached); HeldForSeconds is then how long the key may stay
-	// held, at most, until the store expires it.
-	ReleaseError   string  `json:"release_error,omitempty"`
-	HeldForSeconds float64 `json:"held_for_seconds,omitempty"`
+	// ReleaseError is set when the final release failed: the cause in one
+	// plain line (ReleaseDetail: the store's raw error). KeyHeldUpTo is
+	// then the longest the key may stay held by nobody's job, in seconds,
+	// until the store expires it: when the store could not be reached
+	// (KeyHeldFrom "store_reachable_again"), its TTL counted from when the
+	// store is reachable again (a restarted dlockd restarts every
+	// countdown); otherwise (KeyHeldFrom "now") counted from the report.
+	ReleaseError  string  `json:"release_error,omitempty"`
+	ReleaseDetail string  `json:"release_detail,omitempty"`
+	KeyHeldUpTo   float64 `json:"key_held_up_to_seconds,omitempty"`
+	KeyHeldFrom   string  `json:"key_held_from,omitempty"`
 }
 
 // PermitKey returns the key of slot i of the semaphore KEY that --permits
@@ -253,7 +260,9 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 		if err != nil {
 			res.Error = strings.TrimPrefix(err.Error(), "dlock: ")
 		}
-		if err != nil && reportTo != g.stderr { // on stderr, the report says it
+		// --conflict-exit-code 0: a conflict is quiet (flock -E 0), unless --debug.
+		quiet := result == "held" && code == 0 && !g.debug
+		if err != nil && reportTo != g.stderr && !quiet { // on stderr, the report says it
 			printErr(g.stderr, err)
 			var ee *exitError
 			if g.debug && errors.As(err, &ee) && ee.detail != nil {
@@ -282,14 +291,16 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 		return invalid(err)
 	}
 	if err := dlock.ValidateTTL(f.ttl); err != nil {
-		return invalid(fmt.Errorf("--ttl: %w", err))
+		return invalid(fmt.Errorf("%s: %w", g.flagName("ttl"), err))
 	}
 	if err := dlock.ValidateHolder(f.holder); err != nil {
-		return invalid(fmt.Errorf("--holder: %w", err))
+		return invalid(fmt.Errorf("%s: %w", g.flagName("holder"), err))
 	}
 	switch {
-	case f.grace < 0 || f.waitTimeout < 0 || f.retryFor < 0:
-		return invalid(fmt.Errorf("--grace, --wait-timeout and --retry-for must not be negative"))
+	case f.grace < 0 || f.waitTimeout < 0:
+		return invalid(fmt.Errorf("--grace and --wait-timeout must not be negative"))
+	case f.retryFor < 0:
+		return invalid(fmt.Errorf("%s must not be negative, not %v", g.flagName("retry-for"), f.retryFor))
 	case f.cgroup != "auto" && f.cgroup != "off":
 		return invalid(fmt.Errorf("--cgroup must be auto or off, not %q", f.cgroup))
 	case f.permits < 0 || f.permits > MaxPermits:
@@ -306,10 +317,10 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 		return invalid(err)
 	}
 
+	// --fail-open is applied here, not by the library: whenever the outcome
+	// would be exit 69 (the store could not be reached, whatever
+	// --wait, --wait-timeout and --retry-for say), never for 64 or 75.
 	opts := []dlock.Option{dlock.WithTTL(f.ttl), dlock.WithHolder(f.holder), dlock.WithKeyClass("cli")}
-	if f.failOpen {
-		opts = append(opts, dlock.WithFailOpen())
-	}
 	// How long a store that cannot be reached is retried: --retry-for
 	// without --wait; with --wait the whole wait unless --retry-for is given.
 	retried := f.retryFor
@@ -386,15 +397,16 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 	var lease *dlock.Lease
 	permit := -1
 	var ee *exitError
+	// unavail is set when the outcome is "the store could not be reached":
+	// exit 69, or with --fail-open the command runs without a lock.
+	var unavail error
 	switch {
-	case err != nil && f.failOpen && errors.As(err, &ee) && ee.code == ExitUnavailable:
-		fmt.Fprintf(g.stderr, "dlock: cannot reach the store at %s (%s); running %q WITHOUT a lock (--fail-open)\n", g.storeAddr(), plainCause(ee.detail), key)
 	case err != nil && errors.As(err, &ee) && ee.code == ExitUsage:
 		return invalid(ee.err)
 	case err != nil && errors.As(err, &ee) && ee.code == ExitUnavailable && ee.detail != nil:
-		return report(ExitUnavailable, "unavailable", g.unavailable("acquire", key, ee.detail, retried))
+		unavail = g.unavailable("acquire", key, ee.detail, retried)
 	case err != nil:
-		return report(ExitUnavailable, "unavailable", err)
+		unavail = err
 	default:
 		defer locker.Close()
 		startWatch()
@@ -403,9 +415,8 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 			_ = releaseLease(lease)
 			return report(128+int(intr.(interrupted).sig), "interrupted", fmt.Errorf("%w: not run", intr))
 		}
+		var na *noAnswerError
 		switch {
-		case err == nil && lease.Degraded():
-			fmt.Fprintf(g.stderr, "dlock: cannot reach the store at %s; running %q WITHOUT a lock (--fail-open)\n", g.storeAddr(), key)
 		case err == nil:
 		case errors.Is(err, dlock.ErrInvalidArgument):
 			return invalid(err)
@@ -413,12 +424,28 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 			var intr interrupted
 			errors.As(err, &intr)
 			return report(128+int(intr.sig), "interrupted", err)
-		case errors.Is(err, dlock.ErrNotAcquired), errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil && !errors.Is(err, dlock.ErrUnavailable):
-			return report(heldCode, "held", heldMessage(ctx, g, locker, f, key, err))
+		case errors.As(err, &na):
+			unavail = &exitError{code: ExitUnavailable, err: fmt.Errorf("acquire %q: --wait-timeout %v passed before the store at %s answered; not run", key, f.waitTimeout, g.storeAddr()), detail: na.err}
 		case errors.Is(err, dlock.ErrUnavailable):
-			return report(ExitUnavailable, "unavailable", g.unavailable("acquire", key, err, retried))
+			unavail = g.unavailable("acquire", key, err, retried)
+		case errors.Is(err, dlock.ErrNotAcquired):
+			return report(heldCode, "held", heldMessage(ctx, g, locker, f, key, err))
 		default:
-			return report(heldCode, "held", err) // interrupted while waiting
+			return report(ExitUnavailable, "unavailable", fmt.Errorf("acquire %q: %w", key, err))
+		}
+	}
+	if unavail != nil {
+		if !f.failOpen {
+			return report(ExitUnavailable, "unavailable", unavail)
+		}
+		cause := error(unavail)
+		if errors.As(unavail, &ee) && ee.detail != nil {
+			cause = ee.detail
+		}
+		fmt.Fprintf(g.stderr, "dlock: cannot reach the store at %s (%s); running %q WITHOUT a lock (--fail-open)\n", g.storeAddr(), plainCause(cause), key)
+		if lease != nil {
+			_ = releaseLease(lease)
+			lease, permit = nil, -1
 		}
 	}
 
@@ -440,10 +467,19 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 	// group; dlock itself keeps running until the command ends, then
 	// releases.
 
+	var notStarted atomic.Bool
 	cfg := supervise.Config{
 		Argv: argv, Env: env, Stdin: g.stdin, Stdout: g.stdout, Stderr: g.stderr,
 		Grace: f.grace, Cgroup: f.cgroup == "auto", NoCgroupReason: "--cgroup off",
-		Warnf: func(format string, args ...any) { fmt.Fprintf(g.stderr, "dlock: "+format+"\n", args...) },
+		Warnf: func(format string, args ...any) {
+			msg := fmt.Sprintf(format, args...)
+			// A command that could not be started (126, 127) ends its
+			// supervisor with that status: not a supervisor failure.
+			if (notStarted.Load() || supervisorStartExit.MatchString(msg)) && strings.HasPrefix(msg, "the supervisor ended without reporting") {
+				return
+			}
+			fmt.Fprintf(g.stderr, "dlock: %s\n", msg)
+		},
 	}
 	if g.debug {
 		cfg.Debugf = func(format string, args ...any) { fmt.Fprintf(g.stderr, "dlock: debug: "+format+"\n", args...) }
@@ -455,13 +491,14 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 	}
 	job, err := supervise.Start(cfg)
 	if err != nil {
+		notStarted.Store(true)
 		_ = releaseLease(lease)
 		code := ExitCannotRun
 		var se *supervise.StartError
 		if errors.As(err, &se) {
 			code = se.Code
 		}
-		return report(code, "not_started", err)
+		return report(code, "not_started", startError(code, argv, err))
 	}
 	if leaseDone != nil {
 		onRenew := func() { job.SetDeadline(lease.Deadline()) }
@@ -501,15 +538,23 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 			if relErr != nil {
 				// The command's status stands; the key stays held until the
 				// store expires it. Say so, or the next run's 75 is a mystery.
-				held := max(left, 0).Round(time.Second)
-				why := plainCause(relErr)
-				if !errors.Is(relErr, dlock.ErrUnavailable) {
-					why = relErr.Error()
+				// A store that was down or restarting may restart the
+				// countdown (dlockd does, at full TTL) when it is back: then
+				// the bound is the TTL from then, not the time left now.
+				var why, until string
+				if errors.Is(relErr, dlock.ErrUnavailable) {
+					why = fmt.Sprintf("cannot reach the store at %s (%s)", g.storeAddr(), plainCause(relErr))
+					until = fmt.Sprintf("at most its TTL (%v) after the store is reachable again", f.ttl)
+					res.KeyHeldUpTo, res.KeyHeldFrom = f.ttl.Seconds(), "store_reachable_again"
+				} else {
+					why = fmt.Sprintf("the store at %s refused the release (%v)", g.storeAddr(), strings.TrimPrefix(relErr.Error(), "dlock: "))
+					until = fmt.Sprintf("up to %v from now (TTL %v)", max(left, 0).Round(time.Second), f.ttl)
+					res.KeyHeldUpTo, res.KeyHeldFrom = max(left, 0).Seconds(), "now"
 				}
-				fmt.Fprintf(g.stderr, "dlock: warning: could not release %q (fence %d): cannot reach the store at %s (%s); it stays held until the store expires it, up to %v from now (TTL %v)\n",
-					leaseKey, lease.Fence(), g.storeAddr(), why, held, f.ttl)
-				res.ReleaseError = strings.TrimPrefix(relErr.Error(), "dlock: ")
-				res.HeldForSeconds = max(left, 0).Seconds()
+				fmt.Fprintf(g.stderr, "dlock: warning: could not release %q (fence %d): %s; it stays held until the store expires it, %s\n",
+					leaseKey, lease.Fence(), why, until)
+				res.ReleaseError = fmt.Sprintf("could not release %q (fence %d): %s", leaseKey, lease.Fence(), why)
+				res.ReleaseDetail = strings.TrimPrefix(relErr.Error(), "dlock: ")
 			}
 			result := "ran"
 			if lease == nil || lease.Degraded() {
@@ -590,21 +635,52 @@ func acquire(ctx context.Context, l *dlock.Locker, f *runFlags, key string, opts
 		lease, err := l.TryAcquire(ctx, key, opts...)
 		return lease, -1, err
 	}
+	pctx := ctx
 	if f.waitTimeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, f.waitTimeout)
 		defer cancel()
 	}
-	// A signal cancels ctx with cause interrupted (see runUnderLease);
-	// dlock then exits 128+N, as the shell reports a command killed by
-	// signal N.
+	// One attempt first, whatever --wait-timeout (flock -w with a tiny
+	// timeout acts as -n): bounded by the store's op timeout, not by the
+	// wait, and without retries, so that a store that answers at once is
+	// asked at least once.
+	once := append(opts[:len(opts):len(opts)], dlock.WithRetryFor(0))
 	var lease *dlock.Lease
 	permit := -1
 	var err error
 	if f.permits > 0 {
-		lease, permit, err = waitPermits(ctx, l, f, key, opts)
+		lease, permit, err = tryPermits(pctx, l, f, key, once)
 	} else {
-		lease, err = l.Acquire(ctx, key, opts...)
+		lease, err = l.TryAcquire(pctx, key, once...)
+	}
+	saidHeld := errors.Is(err, dlock.ErrNotAcquired)
+	switch {
+	case err == nil:
+		return lease, permit, nil
+	case !saidHeld && !errors.Is(err, dlock.ErrUnavailable):
+		// invalid input, or interrupted: the wait cannot change it
+	case ctx.Err() == nil:
+		// Held, or the store could not be reached: wait (and retry) for
+		// what is left of --wait-timeout. A signal cancels ctx with cause
+		// interrupted (see runUnderLease); dlock then exits 128+N, as the
+		// shell reports a command killed by signal N.
+		if f.permits > 0 {
+			lease, permit, err = waitPermits(ctx, l, f, key, opts)
+		} else {
+			lease, err = l.Acquire(ctx, key, opts...)
+		}
+		if err != nil && errors.Is(err, context.DeadlineExceeded) &&
+			!errors.Is(err, dlock.ErrNotAcquired) && !errors.Is(err, dlock.ErrUnavailable) {
+			if saidHeld {
+				err = fmt.Errorf("%w (%w)", err, dlock.ErrNotAcquired)
+			} else {
+				// The wait ended with no answer from the store: never "held".
+				err = &noAnswerError{err: err}
+			}
+		}
+	case saidHeld:
+		err = fmt.Errorf("%w (%w)", context.DeadlineExceeded, err)
 	}
 	var intr interrupted
 	if err != nil && errors.As(context.Cause(ctx), &intr) {
@@ -612,6 +688,14 @@ func acquire(ctx context.Context, l *dlock.Locker, f *runFlags, key string, opts
 	}
 	return lease, permit, err
 }
+
+// noAnswerError: --wait-timeout passed before the store answered at all.
+type noAnswerError struct{ err error }
+
+func (e *noAnswerError) Error() string {
+	return "no answer from the store before --wait-timeout: " + e.err.Error()
+}
+func (e *noAnswerError) Unwrap() error { return e.err }
 
 // tryPermits tries every slot of the semaphore once, in random order, and
 // returns the first granted; ErrNotAcquired when all are held.
@@ -691,4 +775,24 @@ func releaseLease(lease *dlock.Lease) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return lease.Release(ctx)
+}
+
+// supervisorStartExit matches supervise's warning for a supervisor that
+// exited with a start failure's status (126: cannot run, 127: not found).
+var supervisorStartExit = regexp.MustCompile(`^the supervisor ended without reporting \(exit status 12[67]\)`)
+
+// startError says in plain words why the command could not be started.
+func startError(code int, argv []string, err error) error {
+	name := argv[0]
+	switch {
+	case code == ExitNotFound:
+		return fmt.Errorf("command not found: %s", quoteIfControl(name))
+	case strings.Contains(err.Error(), "permission denied"):
+		return fmt.Errorf("cannot run %s: permission denied (is it executable?)", quoteIfControl(name))
+	}
+	msg := err.Error()
+	if _, rest, ok := strings.Cut(msg, ": "); ok && strings.HasPrefix(msg, "fork/exec ") {
+		msg = rest
+	}
+	return fmt.Errorf("cannot run %s: %s", quoteIfControl(name), msg)
 }
