@@ -43,6 +43,16 @@ func TestMapErr_Classes(t *testing.T) {
 		{"connection refused", status.Error(codes.Unavailable, "connection error: desc = \"transport: Error while dialing: dial tcp 127.0.0.1:7999: connect: connection refused\""), nil},
 		{"DeadlineExceeded", status.Error(codes.DeadlineExceeded, "context deadline exceeded"), nil},
 		{"Internal", apiErr(codes.Internal, "boom (INTERNAL)"), nil},
+		// A peer that is not dlockd (issue 13 F6): a configuration error.
+		{"Redis answers", status.Error(codes.Unavailable, `connection error: desc = "error reading server preface: http2: frame too large"`), driver.ErrInvalidArgument},
+		{"HTTP/1.1 answers", status.Error(codes.Unavailable, `connection error: desc = "error reading server preface: http2: failed reading the frame payload: http2: frame too large, note that the frame header looked like an HTTP/1.1 header"`), driver.ErrInvalidArgument},
+		{"not a settings frame", status.Error(codes.Unavailable, `connection error: desc = "initial http2 frame from server is not a settings frame: *http2.DataFrame"`), driver.ErrInvalidArgument},
+		{"TLS client, plain server", status.Error(codes.Unavailable, `connection error: desc = "transport: authentication handshake failed: tls: first record does not look like a TLS handshake"`), driver.ErrInvalidArgument},
+		{"HTTP/1.1 proxy", status.Error(codes.Unavailable, `connection error: desc = "transport: malformed HTTP response \"\\x00\\x00\""`), driver.ErrInvalidArgument},
+		// A dlockd restarting closes or resets connections: an outage.
+		{"preface EOF", status.Error(codes.Unavailable, `connection error: desc = "error reading server preface: EOF"`), nil},
+		{"preface reset", status.Error(codes.Unavailable, `connection error: desc = "error reading server preface: read tcp 127.0.0.1:1->127.0.0.1:2: read: connection reset by peer"`), nil},
+		{"proxy 503", status.Error(codes.Unavailable, `unexpected HTTP status code received from server: 503 (Service Unavailable)`), nil},
 	}
 	for _, c := range cases {
 		got := mapErr(context.Background(), "acquire", "k", c.err)
