@@ -315,6 +315,9 @@ func OpenURL(ctx context.Context, u *url.URL) (*Driver, error) {
 		if refused(err) {
 			return nil, urlparam.Wrap("redisdriver: redis at "+ro.Addr+" refused the connection's settings", err)
 		}
+		if notRedis(err) {
+			return nil, urlparam.Wrap("redisdriver: the server at "+ro.Addr+" does not speak the Redis protocol (is it Redis?); check the URL's port", err)
+		}
 		return nil, fmt.Errorf("redisdriver: ping %s: %w: %w", ro.Addr, driver.ErrUnavailable, err)
 	}
 	d := New(client, &opts)
@@ -692,10 +695,14 @@ func (d *Driver) Close() error {
 //
 // A reply in which Redis refused the request itself (see refused) matches
 // driver.ErrInvalidArgument instead: retrying cannot help, and it must
-// never pass for an outage.
+// never pass for an outage. So does an answer that is not Redis's protocol
+// (see notRedis).
 func storeErr(ctx context.Context, op string, err error) error {
 	if refused(err) {
 		return urlparam.Wrap("redisdriver: "+op+": redis refused the request", err)
+	}
+	if notRedis(err) {
+		return urlparam.Wrap("redisdriver: "+op+": the server does not speak the Redis protocol (is it Redis?); check the URL's port", err)
 	}
 	cerr := ctx.Err()
 	if cerr == nil {
@@ -747,4 +754,32 @@ func (d *Driver) checkOpen() error {
 		return fmt.Errorf("redisdriver: %w", driver.ErrClosed)
 	}
 	return nil
+}
+
+// notRedisSigns are the texts of go-redis's reply-parsing errors: the peer
+// answered, but with bytes that are not RESP (an HTTP server's
+// "HTTP/1.1 400 Bad Request", dlockd's HTTP/2 frames, ...). go-redis gives
+// them no type or sentinel of their own, so they are matched by message.
+var notRedisSigns = []string{"redis: invalid reply", "redis: can't parse"}
+
+// notRedis reports whether err says the peer answered but does not speak
+// Redis's protocol (RESP): the URL points at another kind of server, a
+// configuration error that the driver reports as driver.ErrInvalidArgument,
+// never as an outage. A Redis error reply (redis.Error) is never such an
+// error.
+func notRedis(err error) bool {
+	if err == nil {
+		return false
+	}
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		return false
+	}
+	msg := err.Error()
+	for _, s := range notRedisSigns {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
 }

@@ -1,10 +1,15 @@
 package redlockdriver_test
 
 import (
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/dlocktest"
 	"github.com/dlock-dev/dlock/drivers/redlockdriver"
 	"github.com/dlock-dev/dlock/internal/testservers"
@@ -35,4 +40,34 @@ func TestOpen_InvalidURLIsInvalidArgument(t *testing.T) {
 	}
 	dlocktest.OpenURLRefuses(t, redlockdriver.Open, urls...)
 	dlocktest.RootOpenNotUnavailable(t, urls...)
+}
+
+// TestOpen_NodesNotRedisIsInvalidArgument (issue 13 F6): when enough nodes
+// of a redlock:// URL point at servers that answer but do not speak Redis's
+// protocol (here plain HTTP/1.1 servers) that no majority is possible, Open
+// returns driver.ErrInvalidArgument saying so, never driver.ErrUnavailable,
+// and the root package with WithFailOpen gives no lease.
+func TestOpen_NodesNotRedisIsInvalidArgument(t *testing.T) {
+	r := testservers.StartRedis(t)
+	handler := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "hello\n") })
+	h1, h2 := httptest.NewServer(handler), httptest.NewServer(handler)
+	defer h1.Close()
+	defer h2.Close()
+	raw := "redlock://" + r.Addr() + "," + strings.TrimPrefix(h1.URL, "http://") + "," + strings.TrimPrefix(h2.URL, "http://")
+	errs := dlocktest.OpenURLRefuses(t, redlockdriver.Open, raw)
+	if errs[0] != nil && !strings.Contains(errs[0].Error(), "does not speak the Redis protocol (is it Redis?)") {
+		t.Errorf("Open(%q) = %q; want it to say the nodes are not Redis", raw, errs[0])
+	}
+	l, err := dlock.Open(t.Context(), raw)
+	if err == nil {
+		ls, aerr := l.TryAcquire(t.Context(), "k", dlock.WithFailOpen())
+		_ = l.Close()
+		if aerr == nil {
+			t.Fatalf("root TryAcquire with WithFailOpen: a lease (degraded %v), want an error", ls.Degraded())
+		}
+		err = aerr
+	}
+	if !errors.Is(err, dlock.ErrInvalidArgument) || errors.Is(err, dlock.ErrUnavailable) {
+		t.Errorf("root = %v; want ErrInvalidArgument, not ErrUnavailable", err)
+	}
 }

@@ -331,7 +331,14 @@ func Open(ctx context.Context, u *url.URL) (*Driver, error) {
 		if p, ok := c.(interface {
 			Ping(context.Context) *redis.StatusCmd
 		}); ok {
-			return p.Ping(ctx).Err()
+			err := p.Ping(ctx).Err()
+			if err != nil && refused(err) {
+				var rerr redis.Error
+				if !errors.As(err, &rerr) {
+					return fmt.Errorf("the server does not speak the Redis protocol (is it Redis?); check the URL's port: %w", err)
+				}
+			}
+			return err
 		}
 		return nil
 	})
@@ -557,11 +564,19 @@ func count(errs []error, target error) int {
 // request or the connection's settings as such (bad credentials, no
 // permission, a database number out of range, an invalid argument):
 // retrying cannot help. A busy, loading, read-only or out-of-memory node is
-// not refusing: it is unavailable. (The same list as redisdriver's.)
+// not refusing: it is unavailable. (The same list as redisdriver's.) A
+// node that answers but does not speak Redis's protocol (the URL names the
+// port of another kind of server) counts as refusing too: go-redis reports
+// it as a reply it "can't parse" or an "invalid reply", matched by message
+// as it has no type of its own.
 func refused(err error) bool {
 	var rerr redis.Error
 	if !errors.As(err, &rerr) {
-		return false
+		if err == nil {
+			return false
+		}
+		msg := err.Error()
+		return strings.Contains(msg, "redis: invalid reply") || strings.Contains(msg, "redis: can't parse")
 	}
 	for _, p := range []string{
 		"WRONGPASS", "NOAUTH", "NOPERM", "ERR DB index is out of range", "ERR invalid DB index",
