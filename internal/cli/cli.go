@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -298,9 +299,66 @@ func (g *globals) unavailable(op, key string, err error, retried time.Duration) 
 	if retried > 0 {
 		after = fmt.Sprintf(", still after retrying for %v", retried)
 	}
-	msg := fmt.Errorf("%s: cannot reach the store at %s (%s%s); is %s running at %s? set --store or DLOCK_STORE",
-		what, addr, plainCause(err), after, g.storeProduct(), addr)
+	cause := plainCause(err)
+	hint := fmt.Sprintf("is %s running at %s? set --store or DLOCK_STORE", g.storeProduct(), addr)
+	if transientCause(cause) {
+		hint = fmt.Sprintf("%s is starting or electing a leader; retry in a moment (or give --retry-for a longer budget)", g.storeProduct())
+	}
+	msg := fmt.Errorf("%s: cannot reach the store at %s (%s%s); %s", what, addr, cause, after, hint)
 	return &exitError{code: ExitUnavailable, err: msg, detail: err}
+}
+
+// Plain causes of an unreachable store that say the server is there but
+// not serving yet (restarting, electing a leader).
+const (
+	causeShuttingDown = "the server is shutting down"
+	causeNoLeader     = "the cluster has no leader yet"
+)
+
+func transientCause(cause string) bool { return cause == causeShuttingDown || cause == causeNoLeader }
+
+// retrying runs op (which opens what it needs) until it succeeds or fails
+// with anything but ErrUnavailable, retrying with backoff (100 ms doubling
+// to 1 s) for up to g.retryFor (--retry-for); then it returns the store
+// error of op on key as storeErr does, saying how long it retried.
+func (g *globals) retrying(ctx context.Context, op, key string, fn func(ctx context.Context) error) error {
+	start := time.Now()
+	pause := 100 * time.Millisecond
+	for {
+		err := fn(ctx)
+		var ee *exitError
+		switch {
+		case err == nil:
+			return nil
+		case errors.As(err, &ee):
+			if ee.code != ExitUnavailable {
+				return err
+			}
+			if ee.detail != nil {
+				err = ee.detail
+			}
+		case !errors.Is(err, dlock.ErrUnavailable):
+			return g.storeErr(op, key, err)
+		}
+		elapsed := time.Since(start)
+		if elapsed >= g.retryFor || ctx.Err() != nil {
+			retried := time.Duration(0)
+			if elapsed >= 100*time.Millisecond {
+				retried = elapsed.Round(100 * time.Millisecond)
+			}
+			return g.unavailable(op, key, err, retried)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(min(pause, g.retryFor-elapsed)):
+		}
+		pause = min(2*pause, time.Second)
+	}
+}
+
+// addRetryFlag adds --retry-for to an inspection command.
+func addRetryFlag(cmd *cobra.Command, g *globals) {
+	cmd.Flags().DurationVar(&g.retryFor, "retry-for", DefaultRetryFor, "retry a store that cannot be reached (down, restarting, electing a leader) this long before exiting 69 (env DLOCK_RETRY_FOR, file: retry_for)")
 }
 
 // plainCause says in plain words why a store could not be reached, from the
@@ -313,9 +371,9 @@ func plainCause(err error) string {
 	case strings.Contains(s, "no such host"):
 		return "host name not found"
 	case strings.Contains(s, "shutting_down"), strings.Contains(s, "shutting down"):
-		return "the server is shutting down"
+		return causeShuttingDown
 	case strings.Contains(s, "not_leader"), strings.Contains(s, "no leader"), strings.Contains(s, "not the leader"):
-		return "the cluster has no leader yet"
+		return causeNoLeader
 	case strings.Contains(s, "network is unreachable"), strings.Contains(s, "no route to host"):
 		return "network unreachable"
 	case strings.Contains(s, "connection reset"), strings.Contains(s, "broken pipe"), strings.Contains(s, "eof"):
@@ -365,11 +423,18 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	if ee.err == nil {
 		return ee.code // already reported
 	}
+	if !g.ownsStdout {
+		// dlock run: an error before its own code ran (a flag or argument
+		// cobra refused) still gets the one-line report.
+		return runErrorReport(g, args, ee)
+	}
 	printErr(stderr, ee.err)
 	if g.debug && ee.detail != nil {
 		fmt.Fprintf(stderr, "dlock: debug: %v\n", ee.detail)
 	}
-	if g.json() {
+	// -o json from the arguments or the environment when cobra failed
+	// before it parsed them (an unknown command or flag).
+	if g.json() || outputOf(args) == "json" {
 		kind := ee.kind
 		if kind == "" {
 			kind = kindOf(ee.code)
@@ -378,11 +443,99 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 		if ee.detail != nil {
 			obj.Detail = ee.detail.Error()
 		}
-		w := stdout
-		if !g.ownsStdout {
-			w = stderr
+		_ = jsonTo(stdout).Encode(obj)
+	}
+	return ee.code
+}
+
+// outputOf returns the -o/--output value in args (before any "--"), else
+// DLOCK_OUTPUT's: for errors cobra returns before it parses the flags.
+func outputOf(args []string) string {
+	if v, ok := flagValue(args, "o", "output"); ok {
+		return v
+	}
+	return os.Getenv("DLOCK_OUTPUT")
+}
+
+// flagValue returns the value of the flag -short/--long in args (before
+// any "--"), the last one given, as pflag would.
+func flagValue(args []string, short, long string) (string, bool) {
+	val, found := "", false
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			break
 		}
-		_ = jsonTo(w).Encode(obj)
+		for _, name := range []string{"--" + long, "-" + short} {
+			if name == "-" {
+				continue
+			}
+			switch {
+			case a == name && i+1 < len(args):
+				val, found = args[i+1], true
+				i++
+			case strings.HasPrefix(a, name+"="):
+				val, found = strings.TrimPrefix(a, name+"="), true
+			case len(name) == 2 && strings.HasPrefix(a, name) && len(a) > 2 && a[2] != '-':
+				val, found = a[2:], true // -ojson
+			default:
+				continue
+			}
+			break
+		}
+	}
+	return val, found
+}
+
+// runErrorReport reports an error of dlock run that its own code did not
+// report: the text line on stderr, and the one-line JSON report with -o
+// json (last line of stderr) or --report (that file or descriptor).
+func runErrorReport(g *globals, args []string, ee *exitError) int {
+	printErr(g.stderr, ee.err)
+	if g.debug && ee.detail != nil {
+		fmt.Fprintf(g.stderr, "dlock: debug: %v\n", ee.detail)
+	}
+	spec := ""
+	if g.runReport != nil {
+		spec = *g.runReport
+	}
+	if spec == "" {
+		spec, _ = flagValue(args, "", "report")
+	}
+	var w io.Writer
+	if spec != "" {
+		rw, err := openReport(spec)
+		if err == nil {
+			defer rw.Close()
+			w = rw
+		} else if err.Error() != ee.err.Error() {
+			printErr(g.stderr, err)
+		}
+	}
+	if w == nil && (g.json() || outputOf(args) == "json" || spec != "") {
+		w = g.stderr
+	}
+	if w != nil {
+		kind := ee.kind
+		if kind == "" {
+			kind = kindOf(ee.code)
+		}
+		result := "invalid"
+		if ee.code != ExitUsage {
+			result = kind
+		}
+		// The store as the command would have used it, when cobra failed
+		// before the flags and the environment were applied.
+		sg := *g
+		if v, ok := flagValue(args, "", "store"); ok {
+			sg.store = v
+		} else if v := os.Getenv("DLOCK_STORE"); v != "" && !g.fromEnvOrFile["store"] {
+			sg.store = v
+		}
+		res := runResult{Key: g.runKey, Store: sg.redactedStore(), Result: result, Code: kind, ExitCode: ee.code,
+			Error: strings.TrimPrefix(ee.err.Error(), "dlock: ")}
+		b, _ := json.Marshal(res)
+		_, _ = w.Write(append(b, '\n'))
 	}
 	return ee.code
 }

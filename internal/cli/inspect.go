@@ -1,16 +1,18 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 	"unicode"
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/text/width"
 
 	"github.com/dlock-dev/dlock"
 )
@@ -30,6 +32,26 @@ type holderJSON struct {
 	// LockDelaySeconds: a free key in its lock-delay refuses grants for
 	// this long (dlockd).
 	LockDelaySeconds float64 `json:"lock_delay_seconds,omitempty"`
+	// PermitsHeld (status of a free key): how many of its semaphore slots
+	// KEY/permit-N (dlock run --permits) are held, where the store can list.
+	PermitsHeld int `json:"permits_held,omitempty"`
+}
+
+// heldPermits returns how many semaphore slots KEY/permit-N of key are
+// held, or -1 when the store cannot list them.
+func heldPermits(ctx context.Context, l *dlock.Locker, key string) int {
+	infos, err := l.List(ctx, key+"/permit-")
+	if err != nil {
+		return -1
+	}
+	n := 0
+	for _, h := range infos {
+		i, err := strconv.Atoi(strings.TrimPrefix(h.Key, key+"/permit-"))
+		if err == nil && i >= 0 && PermitKey(key, i) == h.Key {
+			n++
+		}
+	}
+	return n
 }
 
 func toJSON(h dlock.HolderInfo) holderJSON {
@@ -42,14 +64,81 @@ func toJSON(h dlock.HolderInfo) holderJSON {
 	return out
 }
 
-// quoteIfControl returns s as it is, or Go-quoted ("a\nb") when it holds a
-// control character or is not valid UTF-8, so that a key or holder cannot
-// break a table or a terminal.
+// quoteIfControl returns s as it is, or Go-quoted ("a\nb", "\u202e") when
+// needsQuote(s), so that a key or holder cannot break a table or a terminal,
+// nor reorder what a terminal shows.
 func quoteIfControl(s string) string {
-	if strings.IndexFunc(s, func(r rune) bool { return unicode.IsControl(r) || r == unicode.ReplacementChar }) >= 0 {
+	if needsQuote(s) {
 		return strconv.Quote(s)
 	}
 	return s
+}
+
+// needsQuote reports whether s holds a control character, a Unicode format
+// character (category Cf: bidi overrides such as U+202E, zero-width
+// characters) or is not valid UTF-8.
+func needsQuote(s string) bool {
+	return strings.IndexFunc(s, unsafeRune) >= 0
+}
+
+func unsafeRune(r rune) bool {
+	return unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == utf8.RuneError
+}
+
+// runeName names a control or format character for a message: U+000A (a
+// newline).
+func runeName(r rune) string {
+	names := map[rune]string{'\n': "a newline", '\r': "a carriage return", '\t': "a tab", 0x1b: "an escape", 0: "a NUL", 0x7f: "a DEL"}
+	if n := names[r]; n != "" {
+		return fmt.Sprintf("U+%04X (%s)", r, n)
+	}
+	if unicode.Is(unicode.Cf, r) {
+		return fmt.Sprintf("U+%04X (a format character)", r)
+	}
+	return fmt.Sprintf("U+%04X", r)
+}
+
+// displayWidth is the number of terminal columns s takes: 2 for an East
+// Asian wide or fullwidth rune, 0 for a combining mark, 1 for any other.
+func displayWidth(s string) int {
+	n := 0
+	for _, r := range s {
+		switch {
+		case unicode.In(r, unicode.Mn, unicode.Me):
+		case width.LookupRune(r).Kind() == width.EastAsianWide, width.LookupRune(r).Kind() == width.EastAsianFullwidth:
+			n += 2
+		default:
+			n++
+		}
+	}
+	return n
+}
+
+// writeTable writes rows as columns separated by two spaces, each padded to
+// its widest cell's display width (text/tabwriter counts runes, so a wide
+// key would misalign the columns after it).
+func writeTable(w io.Writer, rows [][]string) error {
+	var widths []int
+	for _, row := range rows {
+		for i, c := range row {
+			if i >= len(widths) {
+				widths = append(widths, 0)
+			}
+			widths[i] = max(widths[i], displayWidth(c))
+		}
+	}
+	var b strings.Builder
+	for _, row := range rows {
+		for i, c := range row {
+			b.WriteString(c)
+			if i < len(row)-1 {
+				b.WriteString(strings.Repeat(" ", widths[i]-displayWidth(c)+2))
+			}
+		}
+		b.WriteByte('\n')
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
 }
 
 func waitersText(n int) string {
@@ -69,7 +158,7 @@ func delayText(d time.Duration) time.Duration {
 }
 
 func newStatusCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "status KEY",
 		Short: "Show who holds KEY: holder, fence, time left, waiters",
 		Long: `Status shows the current grant of KEY: the holder description, the fence,
@@ -93,12 +182,24 @@ json an error is {"error", "code", "exit_code"} on stdout.`,
 		Args:              exactArgs(1, "dlock status KEY"),
 		ValidArgsFunction: completeKeys(g, 0),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			l, err := g.open(cmd.Context())
-			if err != nil {
+			var info dlock.HolderInfo
+			var err error
+			permits := -1
+			if rerr := g.retrying(cmd.Context(), "status", args[0], func(ctx context.Context) error {
+				l, oerr := g.open(ctx)
+				if oerr != nil {
+					return oerr
+				}
+				defer l.Close()
+				info, err = l.Inspect(ctx, args[0])
+				if errors.Is(err, dlock.ErrNotAcquired) {
+					permits = heldPermits(ctx, l, args[0])
+					return nil
+				}
 				return err
+			}); rerr != nil {
+				return rerr
 			}
-			defer l.Close()
-			info, err := l.Inspect(cmd.Context(), args[0])
 			switch {
 			case errors.Is(err, dlock.ErrNotAcquired):
 				// Not held. A lock-delay (dlockd, after a lost grant) or
@@ -112,6 +213,7 @@ json an error is {"error", "code", "exit_code"} on stdout.`,
 						w := info.Waiters
 						out.Waiters = &w
 					}
+					out.PermitsHeld = max(permits, 0)
 					g.printJSON(out)
 					return nil
 				}
@@ -123,12 +225,12 @@ json an error is {"error", "code", "exit_code"} on stdout.`,
 					fmt.Fprintf(g.stdout, "%s: not held; in its lock-delay for %v more (grants refused until then)\n", key, delayText(delay))
 				case queued:
 					fmt.Fprintf(g.stdout, "%s: not held, %d waiter(s) queued (a lock-delay after a lost grant, or the next grant under way)\n", key, info.Waiters)
+				case permits > 0:
+					fmt.Fprintf(g.stdout, "%s: free as a lock; %d of its permit slots are held (dlock run --permits; dlock list %s)\n", key, permits, quoteIfControl(args[0]+"/permit-"))
 				default:
 					fmt.Fprintf(g.stdout, "%s: free\n", key)
 				}
 				return nil
-			case err != nil:
-				return g.storeErr("status", args[0], err)
 			}
 			if g.json() {
 				g.printJSON(toJSON(info))
@@ -139,10 +241,12 @@ json an error is {"error", "code", "exit_code"} on stdout.`,
 			return nil
 		},
 	}
+	addRetryFlag(cmd, g)
+	return cmd
 }
 
 func newListCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "list [PREFIX]",
 		Short: "List held keys, optionally those starting with PREFIX",
 		Long: `List shows the held keys that start with PREFIX (all held keys without
@@ -167,14 +271,17 @@ cannot list (Redlock). With -o json an error is {"error", "code",
 			if len(args) == 1 {
 				prefix = args[0]
 			}
-			l, err := g.open(cmd.Context())
-			if err != nil {
+			var infos []dlock.HolderInfo
+			if err := g.retrying(cmd.Context(), "list", prefix, func(ctx context.Context) error {
+				l, err := g.open(ctx)
+				if err != nil {
+					return err
+				}
+				defer l.Close()
+				infos, err = l.List(ctx, prefix)
 				return err
-			}
-			defer l.Close()
-			infos, err := l.List(cmd.Context(), prefix)
-			if err != nil {
-				return g.storeErr("list", prefix, err)
+			}); err != nil {
+				return err
 			}
 			if g.json() {
 				out := make([]holderJSON, 0, len(infos))
@@ -184,14 +291,15 @@ cannot list (Redlock). With -o json an error is {"error", "code",
 				g.printJSON(out)
 				return nil
 			}
-			tw := tabwriter.NewWriter(g.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "KEY\tFENCE\tLEFT\tWAITERS\tHOLDER")
+			rows := [][]string{{"KEY", "FENCE", "LEFT", "WAITERS", "HOLDER"}}
 			for _, h := range infos {
-				fmt.Fprintf(tw, "%s\t%d\t%v\t%s\t%s\n", quoteIfControl(h.Key), h.Fence, h.Remaining.Round(time.Millisecond), waitersText(h.Waiters), quoteIfControl(h.Holder))
+				rows = append(rows, []string{quoteIfControl(h.Key), strconv.FormatUint(h.Fence, 10), h.Remaining.Round(time.Millisecond).String(), waitersText(h.Waiters), quoteIfControl(h.Holder)})
 			}
-			return tw.Flush()
+			return writeTable(g.stdout, rows)
 		},
 	}
+	addRetryFlag(cmd, g)
+	return cmd
 }
 
 func newReleaseCmd(g *globals) *cobra.Command {
@@ -225,20 +333,30 @@ Exit status:
 			if strings.TrimSpace(reason) == "" {
 				return exit(ExitUsage, "release --force needs --reason TEXT (it is logged)")
 			}
-			if len(reason) > MaxReasonBytes || !utf8.ValidString(reason) || strings.IndexFunc(reason, unicode.IsControl) >= 0 {
-				return exit(ExitUsage, "--reason must be at most %d bytes of UTF-8 without control characters (it is logged), got %d bytes", MaxReasonBytes, len(reason))
-			}
-			l, err := g.open(cmd.Context())
-			if err != nil {
+			if err := checkReason(reason); err != nil {
 				return err
 			}
-			defer l.Close()
-			info, err := l.ForceRelease(cmd.Context(), args[0], reason)
-			if errors.Is(err, dlock.ErrNotAcquired) {
-				return &exitError{code: 1, kind: codeNotHeld, err: fmt.Errorf("%s is not held", quoteIfControl(args[0]))}
+			// Retried like run: a store that is restarting or electing a
+			// leader refused the request before acting on it.
+			var info dlock.HolderInfo
+			notHeld := false
+			if err := g.retrying(cmd.Context(), "release --force", args[0], func(ctx context.Context) error {
+				l, err := g.open(ctx)
+				if err != nil {
+					return err
+				}
+				defer l.Close()
+				info, err = l.ForceRelease(ctx, args[0], reason)
+				if errors.Is(err, dlock.ErrNotAcquired) {
+					notHeld = true
+					return nil
+				}
+				return err
+			}); err != nil {
+				return err
 			}
-			if err != nil {
-				return g.storeErr("release --force", args[0], err)
+			if notHeld {
+				return &exitError{code: 1, kind: codeNotHeld, err: fmt.Errorf("%s is not held", quoteIfControl(args[0]))}
 			}
 			if g.json() {
 				g.printJSON(toJSON(info))
@@ -250,6 +368,7 @@ Exit status:
 	}
 	cmd.Flags().BoolVar(&force, "force", false, "remove the grant whoever holds it")
 	cmd.Flags().StringVar(&reason, "reason", "", "why (required; logged)")
+	addRetryFlag(cmd, g)
 	return cmd
 }
 
@@ -260,7 +379,7 @@ func newFenceCmd(g *globals) *cobra.Command {
 		Example: `  # inside dlock run: is my grant still the current one?
   dlock run payout:2026-09 -- sh -c 'dlock fence check "$DLOCK_KEY" "$DLOCK_FENCE" && ./write-result'`,
 	}
-	fence.AddCommand(&cobra.Command{
+	check := &cobra.Command{
 		Use:   "check KEY FENCE",
 		Short: "Check whether FENCE is the current grant of KEY",
 		Long: `Check answers whether FENCE is the fence of KEY's current grant (Chubby's
@@ -291,14 +410,20 @@ has seen (package dlock/fence) should do that instead.`,
 			if err != nil || f == 0 {
 				return exit(ExitUsage, "FENCE must be a positive integer (the DLOCK_FENCE of a dlock run), not %q", args[1])
 			}
-			l, err := g.open(cmd.Context())
-			if err != nil {
+			var info dlock.HolderInfo
+			if rerr := g.retrying(cmd.Context(), "fence check", args[0], func(ctx context.Context) error {
+				l, oerr := g.open(ctx)
+				if oerr != nil {
+					return oerr
+				}
+				defer l.Close()
+				info, err = l.Inspect(ctx, args[0])
+				if errors.Is(err, dlock.ErrNotAcquired) {
+					return nil
+				}
 				return err
-			}
-			defer l.Close()
-			info, err := l.Inspect(cmd.Context(), args[0])
-			if err != nil && !errors.Is(err, dlock.ErrNotAcquired) {
-				return g.storeErr("fence check", args[0], err)
+			}); rerr != nil {
+				return rerr
 			}
 			free := err != nil
 			current := !free && info.Fence == f
@@ -326,7 +451,9 @@ has seen (package dlock/fence) should do that instead.`,
 			}
 			return nil
 		},
-	})
+	}
+	addRetryFlag(check, g)
+	fence.AddCommand(check)
 	return fence
 }
 
@@ -338,4 +465,20 @@ func exactArgs(n int, usage string) cobra.PositionalArgs {
 		}
 		return nil
 	}
+}
+
+// checkReason refuses a release --force --reason that dlockd would: over
+// MaxReasonBytes, not UTF-8, or with a control or format character (named).
+func checkReason(reason string) error {
+	switch {
+	case len(reason) > MaxReasonBytes:
+		return exit(ExitUsage, "--reason must be at most %d bytes (it is logged), got %d bytes", MaxReasonBytes, len(reason))
+	case !utf8.ValidString(reason):
+		return exit(ExitUsage, "--reason is not valid UTF-8 (it is logged)")
+	}
+	if i := strings.IndexFunc(reason, unsafeRune); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(reason[i:])
+		return exit(ExitUsage, "--reason has a control character, %s, at byte %d: give one line of printable text (it is logged)", runeName(r), i)
+	}
+	return nil
 }

@@ -167,6 +167,9 @@ Exit status:
   # an efficiency lock: run even when the store is down
   dlock run --fail-open cache-warmup -- ./warm.sh`,
 		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				g.runKey = args[0]
+			}
 			dash := cmd.ArgsLenAtDash()
 			switch {
 			case f.shell != "" && (dash >= 0 && len(args) > dash || len(args) > 1):
@@ -197,6 +200,7 @@ Exit status:
 			return runUnderLease(cmd.Context(), g, f, retrySet, args[0], argv)
 		},
 	}
+	g.runReport = &f.report
 	fl := cmd.Flags()
 	fl.SetInterspersed(true)
 	fl.DurationVar(&f.ttl, "ttl", 30*time.Second, "lease TTL; renewed every TTL/3 while the command runs (env DLOCK_TTL, file: ttl)")
