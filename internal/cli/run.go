@@ -128,15 +128,31 @@ skips the cgroup.
 
 A release that fails when the command ends (the store is down) is not an
 error of the command: dlock run prints a warning with the key, the fence
-and how long the key stays held (until the store expires it, at most its
-TTL) and exits with the command's own status. A lease lost while the
-command ran is different: exit 70.
+and how long the key stays held until the store expires it: when the store
+could not be reached, at most its TTL after the store is reachable again (a
+restarted dlockd restarts every countdown at full TTL); otherwise what was
+left of the lease. It exits with the command's own status. A lease lost
+while the command ran is different: exit 70.
 
-Report: with -o json, or --report, dlock run writes one JSON line when it
-ends: {"key", "store", "result", "code", "fence", "permit", "exit_code",
-"error", "release_error", "held_for_seconds"}. It goes to --report (a file
-path, or fd:N for an open descriptor), else to stderr, after everything the
-command wrote; stdout is the command's alone.
+--fail-open runs the command without a lock whenever the outcome would be
+exit 69 (the store could not be reached), whatever --wait, --wait-timeout
+and --retry-for say; never for 64 (invalid input) or 75 (held).
+--wait-timeout always makes one attempt first, however short it is.
+--conflict-exit-code 0 makes a conflict quiet: nothing on stderr (unless
+--debug).
+
+Report: with -o json, or --report, dlock run writes exactly one JSON line
+on every exit, usage errors included: {"key", "store", "result", "code",
+"fence", "permit", "permit_key", "exit_code", "error"}, and after a failed
+final release "release_error" (the cause, one line), "release_detail" (the
+store's raw error), "key_held_up_to_seconds" (the longest the key may stay
+held with no job behind it until the store expires it; not how long the job
+held it) and "key_held_from" ("store_reachable_again": counted from when
+the store is back; "now": from the report). result is one of ran, held,
+unavailable, invalid, lost, fail_open, interrupted, not_started. It goes to
+--report (a file path, or fd:N for an open descriptor), else as the last
+line of stderr, after everything the command wrote; stdout is the
+command's alone.
 
 Exit status:
   the command's own   the command ran and ended (128+N if killed by signal N),
