@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/hashicorp/raft"
@@ -67,6 +68,37 @@ func (s *Server) checkKey(key string) error {
 		return apiErr(codes.InvalidArgument, ReasonInvalidKey, "invalid key: not valid UTF-8")
 	case strings.IndexByte(key, 0) >= 0:
 		return apiErr(codes.InvalidArgument, ReasonInvalidKey, "invalid key: contains NUL")
+	}
+	return nil
+}
+
+// MaxHolderBytes is the longest holder description an acquisition may
+// carry, in bytes: the same limit as the client's (driver.MaxHolderBytes).
+const MaxHolderBytes = 256
+
+// MaxReasonBytes is the longest reason a force release may carry, in bytes.
+const MaxReasonBytes = 1024
+
+// checkText validates a free-text field shown to people (a holder
+// description, a force release's reason): at most max bytes of valid UTF-8
+// without control characters (unicode.IsControl: C0, DEL and C1, newline and
+// tab included), the client's rule for holders (driver.CheckHolder). A
+// newline or an escape sequence would forge lines and colours in logs,
+// "dlock status" and "dlock list". Every transport (gRPC, Session, HTTP)
+// goes through it, so all refuse the same input with the same reason:
+// InvalidArgument, INVALID_REQUEST, "invalid <what>: ...".
+func checkText(what, s string, max int) error {
+	const rule = "at most %d bytes of UTF-8 without control characters"
+	if len(s) > max {
+		return apiErr(codes.InvalidArgument, ReasonInvalidRequest, "invalid %s: %d bytes ("+rule+")", what, len(s), max)
+	}
+	if !utf8.ValidString(s) {
+		return apiErr(codes.InvalidArgument, ReasonInvalidRequest, "invalid %s: not valid UTF-8 ("+rule+")", what, max)
+	}
+	for i, r := range s {
+		if unicode.IsControl(r) {
+			return apiErr(codes.InvalidArgument, ReasonInvalidRequest, "invalid %s: control character %U at byte %d ("+rule+")", what, r, i, max)
+		}
 	}
 	return nil
 }
@@ -184,8 +216,8 @@ func (s *Server) validateAcquire(in *acquireIn) error {
 			return err
 		}
 	}
-	if len(in.holder) > 256 || !utf8.ValidString(in.holder) {
-		return apiErr(codes.InvalidArgument, ReasonInvalidRequest, "invalid holder: %d bytes (at most 256) or not UTF-8", len(in.holder))
+	if err = checkText("holder", in.holder, MaxHolderBytes); err != nil {
+		return err
 	}
 	switch {
 	case !in.hasLockDelay:
@@ -571,8 +603,11 @@ func (s *Server) forceRelease(key, reason string) (holderOut, uint64, error) {
 		return holderOut{}, 0, err
 	}
 	reason = strings.TrimSpace(reason)
-	if reason == "" || len(reason) > 1024 || !utf8.ValidString(reason) {
-		return holderOut{}, 0, apiErr(codes.InvalidArgument, ReasonInvalidRequest, "force release %q: a reason (1 to 1024 bytes of UTF-8) is required", key)
+	if reason == "" {
+		return holderOut{}, 0, apiErr(codes.InvalidArgument, ReasonInvalidRequest, "force release %q: a reason (1 to %d bytes of UTF-8 without control characters) is required", key, MaxReasonBytes)
+	}
+	if err := checkText("reason", reason, MaxReasonBytes); err != nil {
+		return holderOut{}, 0, err
 	}
 	if err := s.writable(); err != nil {
 		return holderOut{}, 0, err
