@@ -79,6 +79,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/drivers/internal/notgrpc"
 	"github.com/dlock-dev/dlock/internal/urlparam"
 	dlockv1 "github.com/dlock-dev/dlock/proto/dlock/v1"
 )
@@ -469,7 +470,7 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 //     the dlockd protocol (is it dlockd?)" — a configuration error, so
 //     WithFailOpen must not run work unlocked. grpc-go has no status code
 //     for this (it reports codes.Unavailable with its transport's text), so
-//     the class is recognised by message: see notDlockd.
+//     the class is recognised by message (drivers/internal/notgrpc).
 //   - Everything else is a plain error, reported by the root package as
 //     ErrUnavailable: Unavailable (connection failures, NOT_LEADER,
 //     SHUTTING_DOWN: transient, the root retries them), DeadlineExceeded,
@@ -513,10 +514,9 @@ func mapErr(ctx context.Context, op, key string, err error) error {
 			sentinel = driver.ErrInvalidArgument
 		}
 	}
-	if st.Code() != codes.OK && notDlockd(msg) {
-		detail := strings.TrimSuffix(strings.TrimPrefix(msg, `connection error: desc = "`), `"`)
+	if st.Code() != codes.OK && notgrpc.Is(msg) {
 		return fmt.Errorf("%w: the server does not speak the dlockd protocol (is it dlockd?); check the URL's port (gRPC: %s)",
-			driver.ErrInvalidArgument, detail)
+			driver.ErrInvalidArgument, notgrpc.Detail(msg))
 	}
 	switch {
 	case sentinel == driver.ErrNotAcquired || sentinel == driver.ErrLeaseLost:
@@ -528,35 +528,4 @@ func mapErr(ctx context.Context, op, key string, err error) error {
 		return fmt.Errorf("dlockd %s: %w (%s: %s)", op, ctx.Err(), st.Code(), msg)
 	}
 	return fmt.Errorf("dlockd %s: %s: %s", op, st.Code(), msg)
-}
-
-// notDlockdSigns are texts of grpc-go's transport errors (and of the
-// packages under it: net/http2, crypto/tls, net/http) that mean the peer
-// answered with bytes that are not HTTP/2 gRPC: Redis's "-ERR ..." or an
-// HTTP/1.1 status line read as an HTTP/2 frame header, a TLS alert read by
-// a plain-text client, a plain-text answer read by a TLS client. grpc-go
-// reports them as codes.Unavailable with no code or type of their own, so
-// they are matched by message. A peer that closes or resets the connection
-// ("error reading server preface: EOF", "connection reset by peer") is not
-// among them: a dlockd that is restarting does that too, and that is an
-// outage.
-var notDlockdSigns = []string{
-	"http2: frame too large",
-	"failed reading the frame payload",
-	"frame header looked like an HTTP/1.1 header",
-	"initial http2 frame from server is not a settings frame",
-	"first record does not look like a TLS handshake",
-	"malformed HTTP response",
-	"tls: record overflow",
-}
-
-// notDlockd reports whether a gRPC error message says the peer does not
-// speak dlockd's protocol (see notDlockdSigns).
-func notDlockd(msg string) bool {
-	for _, s := range notDlockdSigns {
-		if strings.Contains(msg, s) {
-			return true
-		}
-	}
-	return false
 }

@@ -127,6 +127,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/drivers/internal/notgrpc"
 	"github.com/dlock-dev/dlock/internal/urlparam"
 )
 
@@ -235,7 +236,9 @@ func newDriver(cli Client, closeCli func() error, opts *Options) *Driver {
 // driver owns the client and closes it in Close. Open reads from the cluster
 // once, and
 // returns an error wrapping driver.ErrUnavailable when no endpoint answers
-// within ctx and dial_timeout (default 5 s). An invalid URL (another scheme,
+// within ctx and dial_timeout (default 5 s), or driver.ErrInvalidArgument
+// when an endpoint answers but does not speak gRPC (the URL names the port
+// of another kind of server). An invalid URL (another scheme,
 // no endpoint, an empty host or port, an endpoint without a port, a port
 // outside 1..65535, an unknown or malformed parameter, a reserved prefix)
 // returns an error matching driver.ErrInvalidArgument instead.
@@ -293,6 +296,15 @@ func Open(ctx context.Context, u *url.URL) (*Driver, error) {
 		cli.Close()
 		if refused(err) {
 			return nil, urlparam.Wrap("etcddriver: etcd at "+u.Host+" refused the connection's settings", err)
+		}
+		// The client waits for a ready connection and reports only the
+		// deadline: ask each endpoint once, failing fast, whether it
+		// speaks gRPC at all. One that answers in another protocol (the
+		// port of Redis, of an HTTP server, ...) makes the URL invalid.
+		for _, ep := range endpoints {
+			if detail, ok := notgrpc.Probe(ctx, ep, time.Second); ok {
+				return nil, urlparam.Invalid("etcddriver: the server at %s does not speak etcd's protocol (is it etcd?); check the URL's port (gRPC: %s)", ep, detail)
+			}
 		}
 		return nil, fmt.Errorf("etcddriver: connect %s: %w: %w", u.Host, driver.ErrUnavailable, err)
 	}
