@@ -47,7 +47,8 @@ var settings = []setting{
 
 // configHelp is the part of dlock --help that documents the precedence.
 const configHelp = `Configuration: every setting comes from, in order of precedence,
-  1. its flag                    --store, --token, -o, and run's --ttl, --holder, --retry-for
+  1. its flag                    --store, --token, -o, run's --ttl and --holder, and
+                                 --retry-for (run, status, list, release, fence check)
   2. its environment variable    DLOCK_STORE, DLOCK_TOKEN, DLOCK_OUTPUT, DLOCK_TTL,
                                  DLOCK_HOLDER, DLOCK_RETRY_FOR
   3. the configuration file      --config FILE, else DLOCK_CONFIG, else

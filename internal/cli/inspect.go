@@ -174,6 +174,12 @@ with -o json as {"held": false, "lock_delay_seconds": 1.8}. A key with
 waiters queued but no holder (the next grant under way) shows as "not
 held, N waiter(s) queued".
 
+A free key whose semaphore slots (dlock run --permits: KEY/permit-N) are
+held says so: "free as a lock; 2 of its permit slots are held".
+
+A store that cannot be reached (down, restarting, electing a leader) is
+retried for --retry-for (default 5s), as dlock run does.
+
 Exit status: 0 (held or free), 64 for an invalid key, 69 when the store
 could not be reached, 78 when the store cannot inspect (Redlock). With -o
 json an error is {"error", "code", "exit_code"} on stdout.`,
@@ -254,6 +260,10 @@ one), sorted by key, with their fence, time left, waiters and holder.
 
 A key or holder with control characters (a newline, an escape) is printed
 quoted, as "a\nb", so that one row stays one line.
+
+A key or holder with Unicode format characters (a bidi override such as
+U+202E) is quoted the same way; columns are padded by display width.
+A store that cannot be reached is retried for --retry-for (default 5s).
 
 Exit status: 0, 69 when the store could not be reached, 78 when the store
 cannot list (Redlock). With -o json an error is {"error", "code",
