@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/signal"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -487,18 +486,11 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 	// group; dlock itself keeps running until the command ends, then
 	// releases.
 
-	var notStarted atomic.Bool
 	cfg := supervise.Config{
 		Argv: argv, Env: env, Stdin: g.stdin, Stdout: g.stdout, Stderr: g.stderr,
 		Grace: f.grace, Cgroup: f.cgroup == "auto", NoCgroupReason: "--cgroup off",
 		Warnf: func(format string, args ...any) {
-			msg := fmt.Sprintf(format, args...)
-			// A command that could not be started (126, 127) ends its
-			// supervisor with that status: not a supervisor failure.
-			if (notStarted.Load() || supervisorStartExit.MatchString(msg)) && strings.HasPrefix(msg, "the supervisor ended without reporting") {
-				return
-			}
-			fmt.Fprintf(g.stderr, "dlock: %s\n", msg)
+			fmt.Fprintf(g.stderr, "dlock: "+format+"\n", args...)
 		},
 	}
 	if g.debug {
@@ -511,7 +503,6 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 	}
 	job, err := supervise.Start(cfg)
 	if err != nil {
-		notStarted.Store(true)
 		_ = releaseLease(lease)
 		code := ExitCannotRun
 		var se *supervise.StartError
@@ -797,9 +788,6 @@ func releaseLease(lease *dlock.Lease) error {
 	return lease.Release(ctx)
 }
 
-// supervisorStartExit matches supervise's warning for a supervisor that
-// exited with a start failure's status (126: cannot run, 127: not found).
-var supervisorStartExit = regexp.MustCompile(`^the supervisor ended without reporting \(exit status 12[67]\)`)
 
 // startError says in plain words why the command could not be started.
 func startError(code int, argv []string, err error) error {

@@ -263,8 +263,13 @@ func (j *Job) watch(st *os.File) {
 			j.pid, _ = strconv.Atoi(rest)
 			start(nil)
 		case "error":
+			// The command could not be started (126, 127): the
+			// supervisor reported it and exits with that status. Not a
+			// supervisor failure, and nothing was started to kill.
 			c, msg, _ := strings.Cut(rest, " ")
 			code, _ := strconv.Atoi(c)
+			j.res = Result{Code: code, Reason: ReasonExited}
+			reported = true
 			start(&StartError{Code: code, Err: errors.New(msg)})
 		case "exit":
 			c, reason, _ := strings.Cut(rest, " ")
