@@ -788,7 +788,6 @@ func releaseLease(lease *dlock.Lease) error {
 	return lease.Release(ctx)
 }
 
-
 // startError says in plain words why the command could not be started.
 func startError(code int, argv []string, err error) error {
 	name := argv[0]
