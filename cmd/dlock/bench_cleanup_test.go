@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os/exec"
 	"slices"
 	"strings"
@@ -65,25 +66,39 @@ func TestBenchCleanup_Redlock(t *testing.T) {
 	var clients []*redis.Client
 	for _, r := range rs {
 		hosts = append(hosts, r.Addr())
-		c := redis.NewClient(&redis.Options{Addr: r.Addr()})
-		defer c.Close()
-		if err := c.Set(ctx, "user:data", "keep", 0).Err(); err != nil {
-			t.Fatal(err)
-		}
-		clients = append(clients, c)
+		clients = append(clients, redisWithUserData(t, ctx, r))
 	}
 	shortBench(t, "redlock://"+strings.Join(hosts, ","))
 	for i, c := range clients {
-		keys, err := c.Keys(ctx, "*").Result()
-		if err != nil {
-			t.Fatal(err)
+		wantOnlyUserData(t, ctx, c, fmt.Sprintf("node %d: bench", i))
+	}
+}
+
+// redisWithUserData returns a client of r holding one key of the user's,
+// user:data, which a bench must leave alone.
+func redisWithUserData(t *testing.T, ctx context.Context, r *testservers.Redis) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: r.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	if err := c.Set(ctx, "user:data", "keep", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// wantOnlyUserData fails the test when c's database holds anything but
+// user:data: what names what left it behind.
+func wantOnlyUserData(t *testing.T, ctx context.Context, c *redis.Client, what string) {
+	t.Helper()
+	keys, err := c.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(keys, []string{"user:data"}) {
+		if len(keys) > 10 {
+			keys = keys[:10]
 		}
-		if !slices.Equal(keys, []string{"user:data"}) {
-			if len(keys) > 10 {
-				keys = keys[:10]
-			}
-			t.Errorf("node %d: bench left %d keys behind (first: %q)", i, c.DBSize(ctx).Val()-1, keys)
-		}
+		t.Errorf("%s left %d keys behind (first: %q)", what, c.DBSize(ctx).Val()-1, keys)
 	}
 }
 
@@ -246,22 +261,9 @@ func TestBenchCleanup_InterruptedRedis(t *testing.T) {
 	r := testservers.StartRedis(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c := redis.NewClient(&redis.Options{Addr: r.Addr()})
-	defer c.Close()
-	if err := c.Set(ctx, "user:data", "keep", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
+	c := redisWithUserData(t, ctx, r)
 	interruptedBench(t, r.URL(), "W3")
-	keys, err := c.Keys(ctx, "*").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(keys, []string{"user:data"}) {
-		if len(keys) > 10 {
-			keys = keys[:10]
-		}
-		t.Fatalf("interrupted bench left %d keys behind (first: %q)", c.DBSize(ctx).Val()-1, keys)
-	}
+	wantOnlyUserData(t, ctx, c, "interrupted bench")
 }
 
 // TestBenchCleanup_InterruptedEtcd: on etcd, a bench interrupted in any

@@ -22,8 +22,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/dlock-dev/dlock/internal/testservers"
 	"github.com/dlock-dev/dlock/server/servertest"
 )
@@ -743,23 +741,10 @@ func TestBench_CleansUpRedis(t *testing.T) {
 	r := testservers.StartRedis(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c := redis.NewClient(&redis.Options{Addr: r.Addr()})
-	defer c.Close()
-	if err := c.Set(ctx, "user:data", "keep", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
+	c := redisWithUserData(t, ctx, r)
 	res := dlock(t, r.URL(), "bench", "--clients", "2", "--contended", "2", "--duration", "200ms", "--hold-keys", "300", "-o", "json")
 	wantCode(t, res, 0)
-	keys, err := c.Keys(ctx, "*").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(keys, []string{"user:data"}) {
-		if len(keys) > 10 {
-			keys = keys[:10]
-		}
-		t.Fatalf("bench left %d keys behind (first: %q)", c.DBSize(ctx).Val()-1, keys)
-	}
+	wantOnlyUserData(t, ctx, c, "bench")
 }
 
 // A --reason the store would refuse is a usage error (64), checked before
