@@ -395,8 +395,9 @@ type AcquireRequest struct {
 	Owner string `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
 	// TTL of the lease, in [100ms, 24h] (configurable). Unset: 30s.
 	Ttl *durationpb.Duration `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
-	// Holder describes the holder for inspection (host, pid, job); at most 256
-	// bytes.
+	// Holder describes the holder for inspection (host, pid, job): at most 256
+	// bytes of UTF-8 without control characters; otherwise INVALID_ARGUMENT
+	// (reason INVALID_REQUEST).
 	Holder string `protobuf:"bytes,4,opt,name=holder,proto3" json:"holder,omitempty"`
 	// Wait: queue and wait until granted when the key is held.
 	Wait bool `protobuf:"varint,5,opt,name=wait,proto3" json:"wait,omitempty"`
@@ -1488,7 +1489,8 @@ func (x *ListResponse) GetNextPageToken() string {
 type ForceReleaseRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	// Reason: why the grant is removed (logged and audited); required.
+	// Reason: why the grant is removed (logged and audited); required: 1 to
+	// 1024 bytes of UTF-8 without control characters, not blank.
 	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
