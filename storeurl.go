@@ -11,28 +11,10 @@ import (
 	"github.com/dlock-dev/dlock/driver"
 )
 
-// driverPackages names, for each URL scheme of the drivers in this module,
-// the package whose import registers it.
-var driverPackages = map[string]string{
-	"dlockd":     "github.com/dlock-dev/dlock/drivers/dlockddriver",
-	"redis":      "github.com/dlock-dev/dlock/drivers/redisdriver",
-	"rediss":     "github.com/dlock-dev/dlock/drivers/redisdriver",
-	"redlock":    "github.com/dlock-dev/dlock/drivers/redlockdriver",
-	"etcd":       "github.com/dlock-dev/dlock/drivers/etcddriver",
-	"zk":         "github.com/dlock-dev/dlock/drivers/zkdriver",
-	"postgres":   "github.com/dlock-dev/dlock/drivers/pgdriver",
-	"postgresql": "github.com/dlock-dev/dlock/drivers/pgdriver",
-	"pgadvisory": "github.com/dlock-dev/dlock/drivers/pgadvisory",
-	"mem":        "github.com/dlock-dev/dlock/drivers/memdriver",
-}
-
 // supportedSchemes returns the schemes of this module's drivers and of any
 // other registered driver, sorted.
 func supportedSchemes() []string {
-	out := driver.Schemes()
-	for s := range driverPackages {
-		out = append(out, s)
-	}
+	out := append(driver.Schemes(), driver.ModuleSchemes()...)
 	slices.Sort(out)
 	return slices.Compact(out)
 }
@@ -126,7 +108,7 @@ func checkPorts(host string) error {
 // any other, and dlockd:// for what reads as host:port ("localhost:7450"
 // parses as scheme "localhost").
 func noDriver(u *url.URL) error {
-	if pkg := driverPackages[u.Scheme]; pkg != "" {
+	if pkg := driver.ModulePackage(u.Scheme); pkg != "" {
 		return fmt.Errorf("%w: no driver registered for scheme %q: import _ %q (registered: %s)",
 			ErrInvalidArgument, u.Scheme, pkg, orNone(driver.Schemes()))
 	}

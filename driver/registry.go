@@ -40,7 +40,42 @@ func Lookup(scheme string) (OpenFunc, error) {
 	if open, ok := registry[scheme]; ok {
 		return open, nil
 	}
-	return nil, fmt.Errorf("dlock: no driver for scheme %q (registered: %v; import the driver package, e.g. _ \"github.com/dlock-dev/dlock/drivers/redisdriver\")", scheme, schemesLocked())
+	if pkg := modulePackages[scheme]; pkg != "" {
+		return nil, fmt.Errorf("dlock: %w: no driver registered for scheme %q: import _ %q (registered: %v)", ErrInvalidArgument, scheme, pkg, schemesLocked())
+	}
+	return nil, fmt.Errorf("dlock: %w: no driver for scheme %q (registered: %v; this module's drivers serve %v)", ErrInvalidArgument, scheme, schemesLocked(), ModuleSchemes())
+}
+
+// modulePackages names, for each URL scheme of the drivers in this module,
+// the package whose import registers it.
+var modulePackages = map[string]string{
+	"dlockd":     "github.com/dlock-dev/dlock/drivers/dlockddriver",
+	"redis":      "github.com/dlock-dev/dlock/drivers/redisdriver",
+	"rediss":     "github.com/dlock-dev/dlock/drivers/redisdriver",
+	"redlock":    "github.com/dlock-dev/dlock/drivers/redlockdriver",
+	"etcd":       "github.com/dlock-dev/dlock/drivers/etcddriver",
+	"zk":         "github.com/dlock-dev/dlock/drivers/zkdriver",
+	"postgres":   "github.com/dlock-dev/dlock/drivers/pgdriver",
+	"postgresql": "github.com/dlock-dev/dlock/drivers/pgdriver",
+	"pgadvisory": "github.com/dlock-dev/dlock/drivers/pgadvisory",
+	"mem":        "github.com/dlock-dev/dlock/drivers/memdriver",
+}
+
+// ModulePackage returns the import path of the package of this module
+// whose import registers the driver of scheme (for example
+// "github.com/dlock-dev/dlock/drivers/redisdriver" for "redis"), or "" when
+// no driver of this module serves scheme.
+func ModulePackage(scheme string) string { return modulePackages[scheme] }
+
+// ModuleSchemes returns the URL schemes of this module's drivers, sorted,
+// whether their packages are imported or not.
+func ModuleSchemes() []string {
+	out := make([]string, 0, len(modulePackages))
+	for s := range modulePackages {
+		out = append(out, s)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // Schemes returns the registered URL schemes, sorted.
