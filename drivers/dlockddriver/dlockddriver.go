@@ -510,11 +510,17 @@ func mapErr(ctx context.Context, op, key string, err error) error {
 	case codes.OutOfRange, codes.AlreadyExists, codes.PermissionDenied, codes.Unauthenticated:
 		sentinel = driver.ErrInvalidArgument
 	case codes.ResourceExhausted:
-		if reason == "REQUEST_TOO_LARGE" || strings.Contains(msg, "larger than max") {
+		// gRPC's own size refusal carries no reason code; a server
+		// answer's text can quote the caller's key, so it is never
+		// matched as text.
+		if reason == "REQUEST_TOO_LARGE" || (!isReasonCode(reason) && strings.Contains(msg, "larger than max")) {
 			sentinel = driver.ErrInvalidArgument
 		}
 	}
-	if st.Code() != codes.OK && notgrpc.Is(msg) {
+	// A peer that is not dlockd shows only in the transport's text; a
+	// dlockd answer (it ends with a reason code and may quote the key) is
+	// never read that way.
+	if sentinel == nil && !isReasonCode(reason) && st.Code() != codes.OK && notgrpc.Is(msg) {
 		return fmt.Errorf("%w: the server does not speak the dlockd protocol (is it dlockd?); check the URL's port (gRPC: %s)",
 			driver.ErrInvalidArgument, notgrpc.Detail(msg))
 	}
@@ -528,4 +534,18 @@ func mapErr(ctx context.Context, op, key string, err error) error {
 		return fmt.Errorf("dlockd %s: %w (%s: %s)", op, ctx.Err(), st.Code(), msg)
 	}
 	return fmt.Errorf("dlockd %s: %s: %s", op, st.Code(), msg)
+}
+
+// isReasonCode reports whether s looks like one of dlockd's reason codes
+// (LOCK_HELD, NOT_LEADER, …): upper-case letters and underscores.
+func isReasonCode(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if (r < 'A' || r > 'Z') && r != '_' {
+			return false
+		}
+	}
+	return true
 }

@@ -51,6 +51,12 @@ func TestMapErr_Classes(t *testing.T) {
 		{"not a settings frame", status.Error(codes.Unavailable, `connection error: desc = "initial http2 frame from server is not a settings frame: *http2.DataFrame"`), driver.ErrInvalidArgument},
 		{"TLS client, plain server", status.Error(codes.Unavailable, `connection error: desc = "transport: authentication handshake failed: tls: first record does not look like a TLS handshake"`), driver.ErrInvalidArgument},
 		{"HTTP/1.1 proxy", status.Error(codes.Unavailable, `connection error: desc = "transport: malformed HTTP response \"\\x00\\x00\""`), driver.ErrInvalidArgument},
+		// A server answer quotes the caller's key: its text is never read
+		// as a transport's (a key naming a transport error stays held).
+		{"key quoting a transport error", apiErr(codes.FailedPrecondition, `acquire "job malformed HTTP response": lock held (LOCK_HELD)`), driver.ErrNotAcquired},
+		{"key quoting the preface error", apiErr(codes.NotFound, `release "error reading server preface: http2: frame too large": not the holder (LEASE_LOST)`), driver.ErrLeaseLost},
+		{"key quoting the size limit", apiErr(codes.ResourceExhausted, `acquire "larger than max": 10 waiters already queued on the key (TOO_MANY_WAITERS)`), nil},
+		{"capacity quoting a transport error", apiErr(codes.ResourceExhausted, `acquire "x frame too large": 10 waiters already queued on the key (TOO_MANY_WAITERS)`), nil},
 		// A dlockd restarting closes or resets connections: an outage.
 		{"preface EOF", status.Error(codes.Unavailable, `connection error: desc = "error reading server preface: EOF"`), nil},
 		{"preface reset", status.Error(codes.Unavailable, `connection error: desc = "error reading server preface: read tcp 127.0.0.1:1->127.0.0.1:2: read: connection reset by peer"`), nil},
