@@ -53,6 +53,11 @@ func (l *Locker) acquire(ctx context.Context, key string, wait bool, o options) 
 		outage  time.Time // when the current run of store errors began; zero: none
 		tries   int       // attempts that failed in the current outage
 		lastErr error     // the last store error of the current outage
+		// streak counts the store errors of this whole acquisition: the
+		// backoff grows with it, so a store that fails each Wait but
+		// answers each probe (a full queue) is asked less and less
+		// often, not every few milliseconds.
+		streak int
 	)
 	for attempt := 0; ; attempt++ {
 		sent := time.Now()
@@ -131,6 +136,7 @@ func (l *Locker) acquire(ctx context.Context, key string, wait bool, o options) 
 			outage = sent
 		}
 		tries++
+		streak++
 		lastErr = err
 		elapsed := time.Since(outage)
 		if budget >= 0 && elapsed >= budget {
@@ -142,7 +148,7 @@ func (l *Locker) acquire(ctx context.Context, key string, wait bool, o options) 
 			}
 			return nil, l.wrap("acquire", key, gaveUp(err, elapsed, tries, nil))
 		}
-		pause := backoff(o.backoffMin, o.backoffMax, tries-1)
+		pause := backoff(o.backoffMin, o.backoffMax, streak-1)
 		if budget >= 0 {
 			pause = min(pause, budget-elapsed)
 		}

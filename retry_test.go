@@ -570,3 +570,51 @@ func TestTryAcquire_RetryForEndsAtAnAnswer(t *testing.T) {
 		}
 	})
 }
+
+// fullQueueDriver refuses every Wait with a transient error (a queue at
+// its capacity), while TryAcquire answers: the key is held.
+type fullQueueDriver struct {
+	driver.Driver
+	mu    sync.Mutex
+	waits int
+}
+
+func (f *fullQueueDriver) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	f.mu.Lock()
+	f.waits++
+	f.mu.Unlock()
+	return driver.Grant{}, errors.New("dlockd acquire: ResourceExhausted: 10 waiters already queued on the key (TOO_MANY_WAITERS)")
+}
+
+// TestAcquire_FullQueueIsAskedLessAndLessOften: a waiting Acquire whose
+// every Wait fails while every probe answers "held" backs off as the
+// failures go on. It re-queued every 0–5 ms before, for ever (about 420
+// calls a second per waiter against a server that was already full).
+func TestAcquire_FullQueueIsAskedLessAndLessOften(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memdriver.NewStore()
+		holder := dlock.New(memdriver.New(store))
+		defer holder.Close()
+		if _, err := holder.TryAcquire(t.Context(), "k", dlock.WithTTL(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		f := &fullQueueDriver{Driver: memdriver.New(store)}
+		l := dlock.New(f)
+		defer l.Close()
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		_, err := l.Acquire(ctx, "k")
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Acquire of a held key with a full queue: %v, want the ctx's deadline", err)
+		}
+		f.mu.Lock()
+		waits := f.waits
+		f.mu.Unlock()
+		// The backoff (5 ms to 1 s, full jitter) doubles with each
+		// failure: a few dozen Waits in 10 s, not thousands.
+		if waits > 100 {
+			t.Fatalf("%d Waits in 10 s on a full queue: the retries do not back off", waits)
+		}
+		t.Logf("%d Waits in 10 s", waits)
+	})
+}
