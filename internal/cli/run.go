@@ -429,7 +429,7 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 	default:
 		defer locker.Close()
 		startWatch()
-		lease, permit, err = acquire(actx, locker, f, key, opts)
+		lease, permit, err = acquire(actx, locker, f, key, opts, retrySet, sayRetrying)
 		if intr := endWatch(); intr != nil {
 			_ = releaseLease(lease)
 			return report(128+int(intr.(interrupted).sig), "interrupted", fmt.Errorf("%w: not run", intr))
@@ -638,7 +638,7 @@ func (o *renewObserver) Renewed(e dlock.RenewEvent) {
 
 // acquire takes key (or, with --permits, one of its slots), waiting under
 // --wait; it returns the lease and the slot index (-1 without --permits).
-func acquire(ctx context.Context, l *dlock.Locker, f *runFlags, key string, opts []dlock.Option) (*dlock.Lease, int, error) {
+func acquire(ctx context.Context, l *dlock.Locker, f *runFlags, key string, opts []dlock.Option, retrySet bool, onOutage func(error)) (*dlock.Lease, int, error) {
 	if !f.wait {
 		if f.permits > 0 {
 			return tryPermits(ctx, l, f, key, opts)
@@ -677,7 +677,7 @@ func acquire(ctx context.Context, l *dlock.Locker, f *runFlags, key string, opts
 		// interrupted (see runUnderLease); dlock then exits 128+N, as the
 		// shell reports a command killed by signal N.
 		if f.permits > 0 {
-			lease, permit, err = waitPermits(ctx, l, f, key, opts)
+			lease, permit, err = waitPermits(ctx, l, f, key, opts, !retrySet, onOutage)
 		} else {
 			lease, err = l.Acquire(ctx, key, opts...)
 		}
@@ -725,12 +725,22 @@ func tryPermits(ctx context.Context, l *dlock.Locker, f *runFlags, key string, o
 
 // waitPermits tries the slots until one is granted or ctx ends, sleeping a
 // full-jitter backoff (50 ms doubling to 2 s) between rounds.
-func waitPermits(ctx context.Context, l *dlock.Locker, f *runFlags, key string, opts []dlock.Option) (*dlock.Lease, int, error) {
+//
+// A store that cannot be reached is retried the same way when
+// retryOutages is set (--wait without --retry-for: the whole wait), and
+// onOutage is told of each such error; otherwise each slot's attempt has
+// already spent --retry-for on it.
+func waitPermits(ctx context.Context, l *dlock.Locker, f *runFlags, key string, opts []dlock.Option, retryOutages bool, onOutage func(error)) (*dlock.Lease, int, error) {
 	backoff := 50 * time.Millisecond
 	for {
 		lease, i, err := tryPermits(ctx, l, f, key, opts)
-		if !errors.Is(err, dlock.ErrNotAcquired) {
+		retry := errors.Is(err, dlock.ErrNotAcquired) ||
+			(retryOutages && errors.Is(err, dlock.ErrUnavailable) && !errors.Is(err, dlock.ErrInvalidArgument))
+		if !retry {
 			return lease, i, err
+		}
+		if errors.Is(err, dlock.ErrUnavailable) {
+			onOutage(err)
 		}
 		t := time.NewTimer(rand.N(backoff) + time.Millisecond)
 		select {
