@@ -79,8 +79,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/dlock-dev/dlock/driver"
@@ -198,10 +200,17 @@ func Open(ctx context.Context, rawURL string, opts ...Option) (*Locker, error) {
 	}
 	d, err := open(ctx, u)
 	if err != nil {
-		// Drivers report an unreachable store as ErrUnavailable; anything
-		// else is a configuration error (a bad URL, too few nodes) and must
-		// not pass for an outage (fail-open would then run unlocked).
-		if !errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrInvalidArgument) && ctxEnded(ctx) == nil {
+		// Drivers report an unreachable store as ErrUnavailable; an
+		// untagged network error (a third-party driver's dial error) is
+		// one too. Anything else is a configuration error (a bad URL,
+		// too few nodes) and must not pass for an outage (fail-open
+		// would then run unlocked).
+		var nerr net.Error
+		switch {
+		case errors.Is(err, ErrUnavailable), errors.Is(err, ErrInvalidArgument), ctxEnded(ctx) != nil:
+		case errors.As(err, &nerr), errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET):
+			err = fmt.Errorf("%w: %w", ErrUnavailable, err)
+		default:
 			err = fmt.Errorf("%w: %w", ErrInvalidArgument, err)
 		}
 		return nil, fmt.Errorf("dlock: open %s: %w", addr, err)

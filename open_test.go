@@ -1,8 +1,12 @@
 package dlock_test
 
 import (
+	"context"
 	"errors"
+	"net"
+	"net/url"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/dlock-dev/dlock"
@@ -110,5 +114,26 @@ func TestOpen_ErrorsNameTheStoreAddress(t *testing.T) {
 		if e.Store != "mem" {
 			t.Fatalf("observer store label %q, want the scheme", e.Store)
 		}
+	}
+}
+
+// TestOpen_ThirdPartyDialErrorIsUnavailable: a driver's Open error that is
+// neither sentinel is classified by what it is: a network error (a
+// third-party driver's raw dial error) is ErrUnavailable, retried and
+// failed open like any outage; anything else is a configuration error,
+// ErrInvalidArgument.
+func TestOpen_ThirdPartyDialErrorIsUnavailable(t *testing.T) {
+	dial := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	driver.Register("test-dialfail", func(context.Context, *url.URL) (driver.Driver, error) { return nil, dial })
+	driver.Register("test-badconfig", func(context.Context, *url.URL) (driver.Driver, error) {
+		return nil, errors.New("unknown option frobnicate")
+	})
+	_, err := dlock.Open(t.Context(), "test-dialfail://127.0.0.1:1")
+	if !errors.Is(err, dlock.ErrUnavailable) || errors.Is(err, dlock.ErrInvalidArgument) || !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("Open with a raw dial error: %v; want ErrUnavailable wrapping it", err)
+	}
+	_, err = dlock.Open(t.Context(), "test-badconfig://127.0.0.1:1")
+	if !errors.Is(err, dlock.ErrInvalidArgument) || errors.Is(err, dlock.ErrUnavailable) {
+		t.Errorf("Open with an untagged configuration error: %v; want ErrInvalidArgument", err)
 	}
 }
