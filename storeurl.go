@@ -3,12 +3,12 @@ package dlock
 import (
 	"fmt"
 	"net/url"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/internal/urlparam"
 )
 
 // supportedSchemes returns the schemes of this module's drivers and of any
@@ -127,40 +127,9 @@ func orNone(s []string) string {
 	return strings.Join(s, ", ")
 }
 
-// secretParam matches the names of query parameters whose values are
-// redacted in messages.
-var secretParam = regexp.MustCompile(`(?i)pass|pwd|secret|token|key$|credential`)
-
 // redactURL returns u as a string with its password and the values of
-// secret-looking query parameters (password=, token=, …) replaced by
-// "xxxxx".
-func redactURL(u *url.URL) string {
-	c := *u
-	if c.RawQuery != "" {
-		q := c.Query()
-		changed := false
-		for name, vals := range q {
-			if secretParam.MatchString(name) {
-				for i := range vals {
-					vals[i] = "xxxxx"
-				}
-				changed = true
-			}
-		}
-		if changed {
-			c.RawQuery = q.Encode()
-		}
-	}
-	return c.Redacted()
-}
+// secret-looking query parameters replaced by "xxxxx" (urlparam.Redact).
+func redactURL(u *url.URL) string { return urlparam.Redact(u) }
 
-var (
-	rawUserinfo = regexp.MustCompile(`^([^:/?#]*://[^:/?#@]*):[^/?#@]*@`)
-	rawSecret   = regexp.MustCompile(`(?i)((?:^|[?&;])[^=&;]*(?:pass|pwd|secret|token|key|credential)[^=&;]*=)[^&;#]*`)
-)
-
-// redactRaw redacts a store URL that did not parse, as well as it can.
-func redactRaw(s string) string {
-	s = rawUserinfo.ReplaceAllString(s, "${1}:xxxxx@")
-	return rawSecret.ReplaceAllString(s, "${1}xxxxx")
-}
+// redactRaw redacts a store URL that did not parse (urlparam.RedactRaw).
+func redactRaw(s string) string { return urlparam.RedactRaw(s) }

@@ -17,7 +17,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -27,6 +26,7 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/internal/urlparam"
 )
 
 // Config is one benchmark run.
@@ -101,15 +101,9 @@ func holdSkipped(store string) string {
 	return ""
 }
 
-// Redact returns store with its password masked (url.URL.Redacted), or
-// store unchanged when it is not a URL.
-func Redact(store string) string {
-	u, err := url.Parse(store)
-	if err != nil {
-		return store
-	}
-	return u.Redacted()
-}
+// Redact returns store with its password and secret-looking parameters
+// masked (urlparam.RedactString).
+func Redact(store string) string { return urlparam.RedactString(store) }
 
 // Report is the whole run.
 type Report struct {

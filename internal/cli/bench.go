@@ -24,6 +24,7 @@ import (
 
 	"github.com/dlock-dev/dlock/internal/bench"
 	"github.com/dlock-dev/dlock/internal/pgcommon"
+	"github.com/dlock-dev/dlock/internal/urlparam"
 )
 
 func newBenchCmd(g *globals) *cobra.Command {
@@ -98,10 +99,7 @@ bounded tail of entries after a snapshot).`,
 				asGiven[scoped] = s
 				defer func() {
 					if err := cleanup(); err != nil {
-						where := scoped
-						if u, perr := url.Parse(scoped); perr == nil {
-							where = u.Redacted()
-						}
+						where := urlparam.RedactString(scoped)
 						fmt.Fprintf(g.stderr, "dlock: warning: bench could not delete its namespace, delete it by hand: %s: %v\n", where, err)
 					}
 				}()
@@ -220,7 +218,7 @@ func benchScope(store string) (string, func() error, error) {
 		plain.RawQuery = q.Encode()
 		opts, err := redis.ParseURL(plain.String())
 		if err != nil {
-			return "", nil, fmt.Errorf("bench: %s: %w", u.Redacted(), err)
+			return "", nil, fmt.Errorf("bench: %s: %w", urlparam.Redact(u), err)
 		}
 		return scoped.String(), func() error { return deleteRedisKeys(opts, name) }, nil
 	case "redlock":

@@ -28,6 +28,7 @@ import (
 	_ "github.com/dlock-dev/dlock/drivers/redisdriver"   // redis://
 	_ "github.com/dlock-dev/dlock/drivers/redlockdriver" // redlock://
 	_ "github.com/dlock-dev/dlock/drivers/zkdriver"      // zk://
+	"github.com/dlock-dev/dlock/internal/urlparam"
 )
 
 // Exit codes of dlock run and the other commands, from sysexits.h.
@@ -166,13 +167,9 @@ func (g *globals) storeURL() *url.URL {
 	return u
 }
 
-// redactedStore returns the store URL without its password.
-func (g *globals) redactedStore() string {
-	if u := g.storeURL(); u != nil {
-		return u.Redacted()
-	}
-	return g.store
-}
+// redactedStore returns the store URL without its password or the values
+// of secret-looking parameters (urlparam.RedactString).
+func (g *globals) redactedStore() string { return urlparam.RedactString(g.store) }
 
 // storeAddr returns the store's address as host:port (host:port,... for
 // Redlock), with dlockd's defaults filled in, or the scheme when the URL
@@ -239,7 +236,7 @@ func (g *globals) checkStore() error {
 		return exit(ExitUsage, "--store %q is not a valid URL: %v", g.redactedStore(), errors.Unwrap(err))
 	}
 	if _, err := driver.Lookup(u.Scheme); err != nil {
-		return exit(ExitUsage, "--store %q: this dlock has no %q store (schemes: %s)", u.Redacted(), u.Scheme, schemes)
+		return exit(ExitUsage, "--store %q: this dlock has no %q store (schemes: %s)", urlparam.Redact(u), u.Scheme, schemes)
 	}
 	for _, hp := range strings.Split(u.Host, ",") {
 		_, p, err := net.SplitHostPort(hp)
@@ -247,7 +244,7 @@ func (g *globals) checkStore() error {
 			continue // no port: the driver's default
 		}
 		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
-			return exit(ExitUsage, "--store %q: port %q is not a TCP port (1-65535)", u.Redacted(), p)
+			return exit(ExitUsage, "--store %q: port %q is not a TCP port (1-65535)", urlparam.Redact(u), p)
 		}
 	}
 	return nil
