@@ -449,6 +449,8 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 			unavail = g.unavailable("acquire", key, err, retried)
 		case errors.Is(err, dlock.ErrNotAcquired):
 			return report(heldCode, "held", heldMessage(ctx, g, locker, f, key, err))
+		case errors.Is(err, dlock.ErrUnsupported):
+			return report(ExitUnsupported, "unsupported", fmt.Errorf("acquire %q: %w (see the driver's docs for what each store can do)", key, err))
 		default:
 			return report(ExitUnavailable, "unavailable", fmt.Errorf("acquire %q: %w", key, err))
 		}
