@@ -172,28 +172,17 @@ func (g *globals) storeURL() *url.URL {
 func (g *globals) redactedStore() string { return urlparam.RedactString(g.store) }
 
 // storeAddr returns the store's address as host:port (host:port,... for
-// Redlock), with dlockd's defaults filled in, or the scheme when the URL
-// names no host.
+// Redlock), or the scheme when the URL names no host (and the redacted
+// text when it does not parse).
 func (g *globals) storeAddr() string {
 	u := g.storeURL()
 	if u == nil {
-		return g.store
+		return urlparam.RedactRaw(g.store)
 	}
-	host := u.Host
-	if u.Scheme == "dlockd" {
-		h, p, err := net.SplitHostPort(host)
-		if err != nil {
-			h, p = host, "7450"
-		}
-		if h == "" {
-			h = "127.0.0.1"
-		}
-		host = net.JoinHostPort(h, p)
-	}
-	if host == "" {
+	if u.Host == "" {
 		return u.Scheme + " store"
 	}
-	return host
+	return u.Host
 }
 
 // storeProduct names the server behind the store's scheme, for hints.
