@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/url"
 	"os"
@@ -336,11 +337,16 @@ func (g *globals) retrying(ctx context.Context, op, key string, fn func(ctx cont
 		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(min(pause, g.retryFor-elapsed)):
+		case <-time.After(min(jittered(pause), g.retryFor-elapsed)):
 		}
 		pause = min(2*pause, time.Second)
 	}
 }
+
+// jittered returns a pause drawn from [d/2, 3d/2), so that many dlock
+// commands retrying a recovering store (cron jobs started at the same
+// second) do not ask it again at the same moments.
+func jittered(d time.Duration) time.Duration { return d/2 + rand.N(d) }
 
 // addRetryFlag adds --retry-for to an inspection command.
 func addRetryFlag(cmd *cobra.Command, g *globals) {

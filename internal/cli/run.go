@@ -774,7 +774,7 @@ func (g *globals) openRetrying(ctx context.Context, retryFor time.Duration, retr
 		select {
 		case <-ctx.Done():
 			return nil, err
-		case <-time.After(200 * time.Millisecond):
+		case <-time.After(jittered(200 * time.Millisecond)):
 		}
 	}
 }
