@@ -1007,21 +1007,28 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, er
 	kv := resp.Kvs[0]
 	info := d.info(key, kv)
 	info.Waiters = int(resp.Count) - 1
-	info.Remaining = d.remaining(ctx, kv)
+	if info.Remaining, err = d.remaining(ctx, kv); err != nil {
+		return driver.HolderInfo{}, storeErr("inspect", err)
+	}
 	return info, nil
 }
 
 // remaining asks etcd how long the lease of entry kv has left (whole
-// seconds, as etcd counts them); zero when etcd does not say.
-func (d *Driver) remaining(ctx context.Context, kv *mvccpb.KeyValue) time.Duration {
+// seconds, as etcd counts them): zero for a lease that has ended, an
+// error when etcd could not be asked (never a made-up zero, which would
+// read as "about to expire").
+func (d *Driver) remaining(ctx context.Context, kv *mvccpb.KeyValue) (time.Duration, error) {
 	if kv.Lease == 0 {
-		return 0
+		return 0, nil
 	}
 	ttl, err := d.cli.TimeToLive(ctx, clientv3.LeaseID(kv.Lease))
-	if err != nil || ttl.TTL <= 0 {
-		return 0
+	if err != nil {
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return 0, nil
+		}
+		return 0, err
 	}
-	return time.Duration(ttl.TTL) * time.Second
+	return max(time.Duration(ttl.TTL)*time.Second, 0), nil
 }
 
 func (d *Driver) info(key string, kv *mvccpb.KeyValue) driver.HolderInfo {
@@ -1068,16 +1075,23 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]driver.HolderInfo, 
 	}
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 16)
+	errs := make([]error, len(kvs))
 	for i, kv := range kvs {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
 			defer wg.Done()
-			out[i].Remaining = d.remaining(ctx, kv)
+			var err error
+			if out[i].Remaining, err = d.remaining(ctx, kv); err != nil {
+				errs[i] = err
+			}
 			<-sem
 		}()
 	}
 	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, storeErr("list", err)
+	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out, nil
 }

@@ -1,9 +1,13 @@
 package etcddriver_test
 
 import (
+	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/dlock-dev/dlock/dlocktest"
 	"github.com/dlock-dev/dlock/driver"
@@ -89,4 +93,35 @@ func TestOpen_InvalidURLIsInvalidArgument(t *testing.T) {
 	}
 	dlocktest.OpenURLRefuses(t, etcddriver.Open, urls...)
 	dlocktest.RootOpenNotUnavailable(t, urls...)
+}
+
+// failingTTL is an etcd client whose LeaseTimeToLive calls fail, as in a
+// partial outage where reads still answer.
+type failingTTL struct{ etcddriver.Client }
+
+func (failingTTL) TimeToLive(ctx context.Context, id clientv3.LeaseID, opts ...clientv3.LeaseOption) (*clientv3.LeaseTimeToLiveResponse, error) {
+	return nil, errors.New("etcdserver: request timed out")
+}
+
+// TestInspector_TimeLeftUnknownIsAnError: when etcd cannot say how long a
+// lease has left, Inspect and List fail (an outage) instead of reporting
+// a made-up zero, which `dlock status` showed as "left: 0s".
+func TestInspector_TimeLeftUnknownIsAnError(t *testing.T) {
+	e := testservers.StartEtcd(t)
+	cli := rawClient(t, e)
+	d, err := etcddriver.New(failingTTL{cli}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	ctx := t.Context()
+	if _, err := d.TryAcquire(ctx, driver.AcquireRequest{Key: "left/x", Owner: "owner-x-0000", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := d.Inspect(ctx, "left/x"); err == nil || errors.Is(err, driver.ErrNotAcquired) {
+		t.Errorf("Inspect with LeaseTimeToLive failing = %+v, %v; want a store error", info, err)
+	}
+	if infos, err := d.List(ctx, "left/"); err == nil {
+		t.Errorf("List with LeaseTimeToLive failing = %+v; want a store error", infos)
+	}
 }
