@@ -159,6 +159,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/drivers/internal/redisrefuse"
 	"github.com/dlock-dev/dlock/internal/urlparam"
 )
 
@@ -716,38 +717,9 @@ func storeErr(ctx context.Context, op string, err error) error {
 	return fmt.Errorf("redisdriver: %s: %w", op, err)
 }
 
-// refusals are the prefixes of Redis error replies that refuse the request
-// or the connection's settings as such: retrying cannot help. Replies of a
-// server that is busy, loading, read-only, out of memory or failing over
-// (BUSY, LOADING, READONLY, OOM, MASTERDOWN, CLUSTERDOWN, TRYAGAIN, "max
-// number of clients") are not among them: they are outages.
-var refusals = []string{
-	"WRONGPASS", "NOAUTH", "NOPERM",
-	"ERR DB index is out of range",
-	"ERR invalid DB index",
-	"ERR invalid expire time",
-	"ERR value is not an integer or out of range",
-	"ERR syntax error",
-	"ERR invalid password",
-	"ERR AUTH",
-	"ERR Client sent AUTH, but no password is set",
-}
-
 // refused reports whether err is a Redis error reply that refuses the
-// request as invalid (see refusals).
-func refused(err error) bool {
-	var rerr redis.Error
-	if !errors.As(err, &rerr) {
-		return false
-	}
-	msg := rerr.Error()
-	for _, p := range refusals {
-		if strings.HasPrefix(msg, p) {
-			return true
-		}
-	}
-	return false
-}
+// request as invalid (redisrefuse.Refused).
+func refused(err error) bool { return redisrefuse.Refused(err) }
 
 func (d *Driver) checkOpen() error {
 	if d.closed.Load() {
@@ -756,30 +728,7 @@ func (d *Driver) checkOpen() error {
 	return nil
 }
 
-// notRedisSigns are the texts of go-redis's reply-parsing errors: the peer
-// answered, but with bytes that are not RESP (an HTTP server's
-// "HTTP/1.1 400 Bad Request", dlockd's HTTP/2 frames, ...). go-redis gives
-// them no type or sentinel of their own, so they are matched by message.
-var notRedisSigns = []string{"redis: invalid reply", "redis: can't parse"}
-
 // notRedis reports whether err says the peer answered but does not speak
-// Redis's protocol (RESP): the URL points at another kind of server, a
-// configuration error that the driver reports as driver.ErrInvalidArgument,
-// never as an outage. A Redis error reply (redis.Error) is never such an
-// error.
-func notRedis(err error) bool {
-	if err == nil {
-		return false
-	}
-	var rerr redis.Error
-	if errors.As(err, &rerr) {
-		return false
-	}
-	msg := err.Error()
-	for _, s := range notRedisSigns {
-		if strings.Contains(msg, s) {
-			return true
-		}
-	}
-	return false
-}
+// Redis's protocol (redisrefuse.NotRedis): a configuration error that the
+// driver reports as driver.ErrInvalidArgument, never as an outage.
+func notRedis(err error) bool { return redisrefuse.NotRedis(err) }

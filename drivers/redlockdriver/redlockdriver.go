@@ -152,6 +152,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/drivers/internal/redisrefuse"
 	"github.com/dlock-dev/dlock/internal/urlparam"
 )
 
@@ -560,35 +561,12 @@ func count(errs []error, target error) int {
 	return n
 }
 
-// refused reports whether err is a Redis error reply that refuses the
-// request or the connection's settings as such (bad credentials, no
-// permission, a database number out of range, an invalid argument):
-// retrying cannot help. A busy, loading, read-only or out-of-memory node is
-// not refusing: it is unavailable. (The same list as redisdriver's.) A
-// node that answers but does not speak Redis's protocol (the URL names the
-// port of another kind of server) counts as refusing too: go-redis reports
-// it as a reply it "can't parse" or an "invalid reply", matched by message
-// as it has no type of its own.
-func refused(err error) bool {
-	var rerr redis.Error
-	if !errors.As(err, &rerr) {
-		if err == nil {
-			return false
-		}
-		msg := err.Error()
-		return strings.Contains(msg, "redis: invalid reply") || strings.Contains(msg, "redis: can't parse")
-	}
-	for _, p := range []string{
-		"WRONGPASS", "NOAUTH", "NOPERM", "ERR DB index is out of range", "ERR invalid DB index",
-		"ERR invalid expire time", "ERR value is not an integer or out of range", "ERR syntax error",
-		"ERR invalid password", "ERR AUTH", "ERR Client sent AUTH, but no password is set",
-	} {
-		if strings.HasPrefix(rerr.Error(), p) {
-			return true
-		}
-	}
-	return false
-}
+// refused reports whether a node's err refuses the request or the
+// connection's settings as such (redisrefuse.Refused): retrying cannot
+// help. A node that answers but does not speak Redis's protocol (the URL
+// names the port of another kind of server) counts as refusing too
+// (redisrefuse.NotRedis).
+func refused(err error) bool { return redisrefuse.Refused(err) || redisrefuse.NotRedis(err) }
 
 // failure is the sentinel of an operation that reached no majority because
 // nodes failed: driver.ErrInvalidArgument when the nodes that refused the
