@@ -106,11 +106,7 @@ func TestBenchCleanup_Etcd(t *testing.T) {
 	e := testservers.StartEtcd(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Addr()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := etcdClient(t, e)
 	if _, err := c.Put(ctx, "/user/data", "keep"); err != nil {
 		t.Fatal(err)
 	}
@@ -273,11 +269,7 @@ func TestBenchCleanup_InterruptedEtcd(t *testing.T) {
 	e := testservers.StartEtcd(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Addr()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := etcdClient(t, e)
 	seen := map[clientv3.LeaseID]bool{} // leases left by an interrupted W2
 	for _, w := range []string{"W1", "W2", "W3"} {
 		interruptedBench(t, e.URL(), w)
@@ -312,4 +304,15 @@ func TestBenchCleanup_InterruptedEtcd(t *testing.T) {
 			seen[l.ID] = true
 		}
 	}
+}
+
+// etcdClient returns a client of e, closed when the test ends.
+func etcdClient(t *testing.T, e *testservers.Etcd) *clientv3.Client {
+	t.Helper()
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Addr()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
 }
