@@ -75,7 +75,15 @@ func TestDlockd_WaitSurvivesARestart(t *testing.T) {
 		ls, err := waiter.Acquire(ctx, "job")
 		got <- result{ls, err}
 	}()
-	time.Sleep(300 * time.Millisecond) // the wait reaches the server
+	// The wait reaches the server: the key has a waiter.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if info, err := holder.Inspect(t.Context(), "job"); err == nil && info.Waiters == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the waiting Acquire never queued on the server")
+		}
+	}
 
 	if err := srv.Stop(); err != nil {
 		t.Fatal(err)
