@@ -66,7 +66,9 @@ func newGRPCServer(s *Server) *grpc.Server {
 		grpc.MaxConcurrentStreams(uint32(s.cfg.MaxStreamsPerConnection)),
 		// Outermost first: the metrics count what recovery and the limits
 		// answer; recovery covers the limits and the handler.
-		grpc.ChainUnaryInterceptor(s.metrics.unaryInterceptor, s.recoverUnary, lim.unaryInterceptor),
+		// Forwarding to the leader comes last, so that a forwarded call
+		// is counted, recovered and limited as a local one.
+		grpc.ChainUnaryInterceptor(s.metrics.unaryInterceptor, s.recoverUnary, lim.unaryInterceptor, newGRPCForwarder(s).unaryInterceptor),
 		grpc.ChainStreamInterceptor(s.metrics.streamInterceptor, s.recoverStream, lim.streamInterceptor),
 	)
 	dlockv1.RegisterLockServer(g, &api{s: s})
@@ -127,7 +129,14 @@ func (a *api) Acquire(ctx context.Context, req *dlockv1.AcquireRequest) (*dlockv
 }
 
 // Wait implements dlockv1.LockServer: see the proto.
+//
+// A node that is not the leader ends the stream at once with NOT_LEADER and
+// the leader hint (streams are not forwarded): the client opens it again at
+// the leader.
 func (a *api) Wait(stream dlockv1.Lock_WaitServer) error {
+	if err := a.s.writable(); err != nil {
+		return err
+	}
 	req, err := stream.Recv()
 	if err != nil {
 		return err

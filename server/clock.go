@@ -2,6 +2,7 @@ package server
 
 import (
 	"container/heap"
+	"sort"
 	"sync"
 	"time"
 )
@@ -21,18 +22,42 @@ type lease struct {
 	version  uint64        // the FSM version this countdown runs for
 	deadline int64         // nanoseconds since leaseClock.epoch (monotonic)
 	claimBy  int64         // a handed-over grant not claimed yet: its claim deadline; 0 otherwise
-	idx      int32         // index in the heap, -1 when not in it
-	expiring bool          // an entry that ends it has been proposed
-	delay    bool          // a lock-delay countdown
+	// checkAt is when the leader next looks at the grant for suspicion:
+	// its last renewal + suspectAfter while not suspect, its next
+	// checkpoint while suspect; 0 for a lock-delay.
+	checkAt    int64
+	loggedLeft time.Duration // with logged: the time left the FSM's suspect entry for version holds
+	idx        int32         // index in the heap, -1 when not in it
+	expiring   bool          // an entry that ends it has been proposed
+	delay      bool          // a lock-delay countdown
+	// suspect: the leader no longer acknowledges renewals of the grant
+	// from memory; they go through the log (see the package doc, Suspect
+	// leases). Cleared only by an applied logged renewal (evTTL), or by a
+	// new term of leadership whose table holds no suspect entry for it.
+	suspect bool
+	logged  bool // the FSM holds a suspect entry for version (loggedLeft set)
 }
 
-// due is when the countdown next needs the leader: its deadline, or its
-// claim deadline when that comes first.
+// suspectAfter is how long, in nanoseconds, a grant of TTL ttl may go
+// unrenewed before the leader marks it suspect: 2/5 of the TTL, past the
+// client's renewal interval (TTL/3).
+func suspectAfter(ttl time.Duration) int64 { return int64(ttl) * 2 / 5 }
+
+// checkpointEvery is how often, in nanoseconds, the leader logs the time
+// left of a grant that stays suspect: TTL/8, at least 50 ms apart.
+func checkpointEvery(ttl time.Duration) int64 { return int64(max(ttl/8, 50*time.Millisecond)) }
+
+// due is when the countdown next needs the leader: its deadline, its
+// claim deadline or its suspicion check, whichever comes first.
 func (l *lease) due() int64 {
-	if l.claimBy != 0 && l.claimBy < l.deadline {
-		return l.claimBy
+	d := l.deadline
+	if l.claimBy != 0 && l.claimBy < d {
+		d = l.claimBy
 	}
-	return l.deadline
+	if l.checkAt != 0 && l.checkAt < d {
+		d = l.checkAt
+	}
+	return d
 }
 
 type leaseHeap []*lease
@@ -61,10 +86,15 @@ func (h *leaseHeap) Pop() any {
 
 // leaseClock keeps a countdown per held key and per key in a lock-delay,
 // fed by the FSM's events on every node; only the leader's is used to
-// expire, to release unclaimed handovers, to end lock-delays and to renew.
-// A restored table, and every new term of leadership, restart each
-// countdown at its full TTL (each lock-delay at its full delay) and forget
-// pending claims.
+// expire, to release unclaimed handovers, to end lock-delays, to mark
+// grants suspect and to renew. A restored table, and every new term of
+// leadership, restart each countdown at its full TTL (a suspect grant at
+// the time left its suspect entry logged, each lock-delay at its full
+// delay) and forget pending claims.
+//
+// It also keeps the leader's waiter grace: the queue entries of clients not
+// connected to this node when it became the leader, each with the end of
+// its grace.
 type leaseClock struct {
 	now         func() time.Time
 	epoch       time.Time     // monotonic origin of deadlines
@@ -74,6 +104,18 @@ type leaseClock struct {
 	byKey map[string]*lease
 	heap  leaseHeap
 	wake  chan struct{} // buffered 1: the earliest deadline may have moved
+
+	graceTerm uint64       // the term of leadership the grace entries belong to
+	grace     []graceEntry // sorted by end of grace
+}
+
+// graceEntry is one queue entry whose client was not connected to this node
+// when it became the leader: it keeps its place until at, unless its owner
+// re-attaches (which moves the entry's since in the FSM).
+type graceEntry struct {
+	ko    keyOwner
+	since uint64 // the entry's since as the new leader read it
+	at    int64  // end of its grace (deadline units)
 }
 
 func newLeaseClock(now func() time.Time, claimWindow time.Duration) *leaseClock {
@@ -125,7 +167,7 @@ func (c *leaseClock) apply(evs []event) {
 		ev := &evs[i]
 		switch ev.kind {
 		case evGranted:
-			l := &lease{key: ev.key, owner: ev.owner, fence: ev.fence, ttl: ev.ttl, restart: max(ev.restartTTL, ev.ttl), version: ev.version, deadline: now + int64(ev.ttl)}
+			l := &lease{key: ev.key, owner: ev.owner, fence: ev.fence, ttl: ev.ttl, restart: max(ev.restartTTL, ev.ttl), version: ev.version, deadline: now + int64(ev.ttl), checkAt: now + suspectAfter(ev.ttl)}
 			if ev.handoff && c.claimWindow > 0 {
 				l.claimBy = now + int64(c.claimWindow)
 			}
@@ -138,17 +180,28 @@ func (c *leaseClock) apply(evs []event) {
 			// A TTL change or a retried acquire by the holder, through the
 			// log: the countdown restarts with the entry's version, which
 			// makes any expiry proposed for an older version stale. The
-			// holder asked, so a pending claim is made too. A deadline
-			// never moves earlier: a shorter TTL must not bring forward an
-			// end already acknowledged.
+			// holder asked, so a pending claim is made too, and a suspect
+			// mark is cleared (the only way to clear it: see Suspect
+			// leases in the package doc). A deadline never moves earlier:
+			// a shorter TTL must not bring forward an end already
+			// acknowledged.
 			if l := c.byKey[ev.key]; l != nil && !l.delay && l.owner == ev.owner {
 				l.ttl = ev.ttl
 				l.restart = max(ev.restartTTL, ev.ttl)
 				l.version = ev.version
 				l.deadline = max(l.deadline, now+int64(ev.ttl))
+				l.checkAt = now + suspectAfter(ev.ttl)
 				l.claimBy = 0
 				l.expiring = false
+				l.suspect, l.logged, l.loggedLeft = false, false, 0
 				c.fix(l)
+			}
+		case evSuspect:
+			// The table now holds the grant's time left: a new leader
+			// restarts the countdown with it. The leader that logged it
+			// marked the grant suspect already.
+			if l := c.byKey[ev.key]; l != nil && !l.delay && l.owner == ev.owner && l.version == ev.version {
+				l.logged, l.loggedLeft = true, ev.ttl
 			}
 		case evDelayed:
 			c.put(&lease{key: ev.key, ttl: ev.ttl, version: ev.version, deadline: now + int64(ev.ttl), delay: true})
@@ -162,16 +215,42 @@ func (c *leaseClock) apply(evs []event) {
 	c.poke()
 }
 
+// restartAt restarts l from now, as a new term of leadership does: a
+// grant with a suspect entry at the time left the entry holds, and it stays
+// suspect; any other grant at its longest TTL; a lock-delay at its delay.
+// It forgets a proposed end and a pending claim. With c.mu held (or l
+// not yet shared).
+func (l *lease) restartAt(now int64) {
+	switch {
+	case l.delay:
+		l.deadline = now + int64(l.ttl)
+		l.checkAt = 0
+	case l.logged:
+		l.deadline = now + int64(l.loggedLeft)
+		l.suspect = true
+		l.checkAt = now + checkpointEvery(l.ttl)
+	default:
+		l.deadline = now + int64(max(l.restart, l.ttl))
+		l.suspect = false
+		l.checkAt = now + suspectAfter(l.ttl)
+	}
+	l.claimBy = 0
+	l.expiring = false
+}
+
 // reset replaces every countdown with state's (evGranted and evDelayed
-// events), each restarted in full from now.
+// events), each restarted from now as restartAll does.
 func (c *leaseClock) reset(state []event) {
 	now := c.at(c.now())
 	c.mu.Lock()
 	c.byKey = make(map[string]*lease, len(state))
 	c.heap = make(leaseHeap, 0, len(state))
 	for _, ev := range state {
-		restart := max(ev.restartTTL, ev.ttl)
-		l := &lease{key: ev.key, owner: ev.owner, fence: ev.fence, ttl: ev.ttl, restart: restart, version: ev.version, deadline: now + int64(restart), idx: int32(len(c.heap)), delay: ev.kind == evDelayed}
+		l := &lease{key: ev.key, owner: ev.owner, fence: ev.fence, ttl: ev.ttl, restart: max(ev.restartTTL, ev.ttl), version: ev.version, idx: int32(len(c.heap)), delay: ev.kind == evDelayed}
+		if ev.suspect {
+			l.logged, l.loggedLeft = true, ev.left
+		}
+		l.restartAt(now)
 		c.byKey[ev.key] = l
 		c.heap = append(c.heap, l)
 	}
@@ -180,22 +259,24 @@ func (c *leaseClock) reset(state []event) {
 	c.poke()
 }
 
-// restartAll restarts every countdown in full from now (a new term of
-// leadership), forgets proposed ends and pending claims: a new leader cannot
+// restartAll restarts every countdown from now (a new term of leadership):
+// a grant at its longest TTL, or, when the table holds a suspect entry for
+// it, at the time left that entry logged (measured from now, this node's
+// election, later than when the entry was proposed), and the grant stays
+// suspect. It forgets proposed ends and pending claims: a new leader cannot
 // know whether a claim reached its predecessor, so it treats every grant as
-// claimed (late, never early).
+// claimed (late, never early). It also drops the grace of the previous term.
 func (c *leaseClock) restartAll() {
 	now := c.at(c.now())
 	c.mu.Lock()
 	c.heap = c.heap[:0]
 	for _, l := range c.byKey {
-		l.deadline = now + int64(max(l.restart, l.ttl))
-		l.claimBy = 0
-		l.expiring = false
+		l.restartAt(now)
 		l.idx = int32(len(c.heap))
 		c.heap = append(c.heap, l)
 	}
 	heap.Init(&c.heap)
+	c.graceTerm, c.grace = 0, nil
 	c.mu.Unlock()
 	c.poke()
 }
@@ -206,12 +287,14 @@ type renewOutcome int
 const (
 	renewOK       renewOutcome = iota
 	renewLost                  // not the holder, its countdown or claim window ran out, or an end was proposed
-	renewNeedsLog              // a different TTL: must go through the log
+	renewNeedsLog              // a different TTL, or a suspect grant: must go through the log
 )
 
 // renew moves the deadline of owner's grant on key to now + its TTL, and
-// claims a handed-over grant, when owner holds key and neither its countdown
-// nor its claim window has run out. ttl 0 keeps the TTL.
+// claims a handed-over grant, when owner holds key, neither its countdown
+// nor its claim window has run out, and the grant is not suspect. ttl 0
+// keeps the TTL. A suspect grant, or a new TTL, needs the log
+// (renewNeedsLog): the caller proposes opSetTTL.
 func (c *leaseClock) renew(key, owner string, ttl time.Duration, t time.Time) renewOutcome {
 	now := c.at(t)
 	c.mu.Lock()
@@ -220,10 +303,11 @@ func (c *leaseClock) renew(key, owner string, ttl time.Duration, t time.Time) re
 	if l == nil || l.delay || l.owner != owner || l.expiring || now >= l.deadline || (l.claimBy != 0 && now >= l.claimBy) {
 		return renewLost
 	}
-	if ttl != 0 && ttl != l.ttl {
+	if l.suspect || (ttl != 0 && ttl != l.ttl) {
 		return renewNeedsLog
 	}
 	l.deadline = max(l.deadline, now+int64(l.ttl)) // never earlier than an end already acknowledged
+	l.checkAt = max(l.checkAt, now+suspectAfter(l.ttl))
 	l.claimBy = 0
 	c.fix(l)
 	return renewOK
@@ -254,6 +338,14 @@ func (c *leaseClock) delayRemaining(key string) (time.Duration, bool) {
 	return time.Duration(max(l.deadline-now, 0)), true
 }
 
+// isSuspect reports whether owner's grant on key is marked suspect.
+func (c *leaseClock) isSuspect(key, owner string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l := c.byKey[key]
+	return l != nil && !l.delay && l.owner == owner && l.suspect
+}
+
 // fireKind is what the leader must propose for a countdown that ran out.
 type fireKind int
 
@@ -261,16 +353,23 @@ const (
 	fireExpire    fireKind = iota // the grant's countdown ran out: opExpire
 	fireUnclaimed                 // the handed-over grant was not claimed in time: opUnclaimed
 	fireEndDelay                  // the key's lock-delay ran out: opEndDelay
+	fireSuspect                   // the grant went unrenewed (or stays suspect): opSuspect with left
 )
 
-// fired is one countdown that ran out.
+// fired is one countdown that ran out, or a grant to log as suspect.
 type fired struct {
 	kind fireKind
-	x    expiry // key, owner ("" for a delay) and version
+	x    expiry        // key, owner ("" for a delay) and version
+	left time.Duration // fireSuspect: the time left on the countdown when marked
 }
 
-// takeExpired marks up to limit run-out countdowns as expiring and returns
-// them, and the time of the next deadline (zero when none).
+// takeExpired returns up to limit countdowns that need the leader, and the
+// time of the next one (zero when none). A countdown that ran out (its
+// deadline, claim deadline or lock-delay) is marked expiring and leaves the
+// heap. A grant unrenewed for suspectAfter, or suspect and due for a
+// checkpoint, is marked suspect from this moment (no renewal of it is
+// acknowledged from memory any more), returned as fireSuspect with its time
+// left, and stays in the heap with its next checkpoint.
 func (c *leaseClock) takeExpired(t time.Time, limit int) ([]fired, time.Time) {
 	now := c.at(t)
 	c.mu.Lock()
@@ -281,9 +380,18 @@ func (c *leaseClock) takeExpired(t time.Time, limit int) ([]fired, time.Time) {
 		if now < l.due() {
 			return out, c.toTime(l.due())
 		}
+		x := expiry{key: l.key, owner: l.owner, version: l.version}
+		if !l.delay && now < l.deadline && (l.claimBy == 0 || now < l.claimBy) {
+			// The suspicion check came first.
+			l.suspect = true
+			l.checkAt = now + checkpointEvery(l.ttl)
+			heap.Fix(&c.heap, 0)
+			out = append(out, fired{kind: fireSuspect, x: x, left: time.Duration(l.deadline - now)})
+			continue
+		}
 		heap.Pop(&c.heap)
 		l.expiring = true
-		f := fired{kind: fireExpire, x: expiry{key: l.key, owner: l.owner, version: l.version}}
+		f := fired{kind: fireExpire, x: x}
 		switch {
 		case l.delay:
 			f.kind = fireEndDelay
@@ -299,11 +407,15 @@ func (c *leaseClock) takeExpired(t time.Time, limit int) ([]fired, time.Time) {
 }
 
 // retry puts back countdowns whose entry failed, to be tried again after
-// delay.
+// delay. A suspect entry that failed needs nothing: the grant stays suspect
+// and its next checkpoint logs it again.
 func (c *leaseClock) retry(fs []fired, delay time.Duration) {
 	at := c.at(c.now().Add(delay))
 	c.mu.Lock()
 	for _, f := range fs {
+		if f.kind == fireSuspect {
+			continue
+		}
 		if l := c.byKey[f.x.key]; l != nil && l.owner == f.x.owner && l.version == f.x.version && l.expiring {
 			l.expiring = false
 			l.deadline = max(l.deadline, at)
@@ -322,4 +434,54 @@ func (c *leaseClock) size() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.byKey)
+}
+
+// setGrace replaces the waiter grace with entries, for the given term of
+// leadership: each queue entry keeps its place until now + its ttl.
+func (c *leaseClock) setGrace(term uint64, entries []queuedEntry) {
+	now := c.at(c.now())
+	g := make([]graceEntry, 0, len(entries))
+	for _, e := range entries {
+		g = append(g, graceEntry{ko: e.ko, since: e.since, at: now + int64(e.ttl)})
+	}
+	sort.Slice(g, func(i, j int) bool { return g[i].at < g[j].at })
+	c.mu.Lock()
+	c.graceTerm, c.grace = term, g
+	c.mu.Unlock()
+	c.poke()
+}
+
+// takeGrace returns up to limit queue entries whose grace ended at t, with
+// the term they belong to, and the end of the next grace (zero when none).
+func (c *leaseClock) takeGrace(t time.Time, limit int) (uint64, []graceEntry, time.Time) {
+	now := c.at(t)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for n < len(c.grace) && n < limit && c.grace[n].at <= now {
+		n++
+	}
+	out := c.grace[:n:n]
+	c.grace = c.grace[n:]
+	var next time.Time
+	if len(c.grace) > 0 {
+		next = c.toTime(c.grace[0].at)
+	}
+	return c.graceTerm, out, next
+}
+
+// regrace puts back grace entries whose purge failed, to be tried again
+// after delay, if the term has not changed.
+func (c *leaseClock) regrace(term uint64, gs []graceEntry, delay time.Duration) {
+	at := c.at(c.now().Add(delay))
+	c.mu.Lock()
+	if c.graceTerm == term {
+		for _, g := range gs {
+			g.at = at
+			c.grace = append(c.grace, g)
+		}
+		sort.SliceStable(c.grace, func(i, j int) bool { return c.grace[i].at < c.grace[j].at })
+	}
+	c.mu.Unlock()
+	c.poke()
 }

@@ -176,6 +176,8 @@ func runClockModelTrace(t *testing.T, seed uint64, n int, tr func(string)) {
 					c = command{op: opUnclaimed, expiries: []expiry{f.x}}
 				case fireEndDelay:
 					c = command{op: opEndDelay, key: f.x.key, version: f.x.version}
+				case fireSuspect:
+					c = command{op: opSuspect, suspects: []suspectMark{{key: f.x.key, owner: f.x.owner, version: f.x.version, left: f.left}}}
 				}
 				m.logf("fire %d %v", f.kind, f.x)
 				m.log = append(m.log, modelEntry{c: c, sent: m.now, fired: []fired{f}})

@@ -6,6 +6,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"sort"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -40,9 +42,42 @@ type Config struct {
 	// RaftAdvertise is the Raft address other nodes use to reach this one.
 	// Empty: RaftBind (which must then not be an unspecified address).
 	RaftAdvertise string
-	// Peers are the other voters. Only a single node (no peers) is
-	// supported in this version; Validate rejects peers.
-	Peers []Peer
+	// Advertise is the API address (host:port) clients and other members
+	// use to reach this node; it is stored with the member in the
+	// replicated members registry, so that every node can tell a client
+	// where the leader's API is. Empty: the address the API listens on
+	// (the bound address when Listen has port 0).
+	Advertise string
+	// InitialCluster lists every voter of the cluster's first start, this
+	// node included (etcd's --initial-cluster): on a first start (an empty
+	// data directory) the node bootstraps a Raft configuration of exactly
+	// these voters. A restart ignores it: the data directory's
+	// configuration wins. Empty (and no Join): a single voter, this node.
+	// This node's entry is its Raft advertise address; it must equal
+	// RaftAdvertise when that is set. Use it only for the first start of
+	// a new cluster: a member whose data directory was lost is removed
+	// (RemoveServer) and added again with Join.
+	InitialCluster []Peer
+	// Join is the API address (host:port) of any member of a running
+	// cluster. On a first start the node starts with no Raft configuration
+	// and asks that member (which forwards to the leader) to add it as a
+	// voter, retrying with backoff until it is added or the server shuts
+	// down. A restart ignores it. Exclusive with InitialCluster.
+	Join string
+	// PeerCertFile and PeerKeyFile are this node's certificate and key
+	// (PEM) for mutual TLS on the Raft port, and PeerCAFile the CA
+	// certificate(s) (PEM) every member's certificate is verified
+	// against, both ways. All three or none. Required when RaftBind's host
+	// is not a loopback address: the Raft port must accept only members
+	// (a forged AppendEntries could otherwise depose a leader or rewrite
+	// a follower's log).
+	PeerCertFile, PeerKeyFile, PeerCAFile string
+	// RaftDialRewrite is for tests only: when this node dials another
+	// member's address K (its Raft address, or its API address to forward a
+	// call, register or ask its status) it dials RaftDialRewrite[K] instead,
+	// so that a test can put a proxy on each node-to-node link and a
+	// partition cuts forwarding too. TLS still verifies the peer as K.
+	RaftDialRewrite map[string]string
 
 	// MaxKeyBytes is the longest key, in bytes. Default and maximum 512.
 	MaxKeyBytes int
@@ -267,9 +302,7 @@ func (c Config) Validate() error {
 			bad("RaftAdvertise %q: %v", c.RaftAdvertise, err)
 		}
 	}
-	if len(c.Peers) > 0 {
-		bad("Peers: clusters of more than one node are not supported yet (got %d peers)", len(c.Peers))
-	}
+	errs = append(errs, c.validateCluster()...)
 	if c.MaxKeyBytes < 1 || c.MaxKeyBytes > 512 {
 		bad("MaxKeyBytes %d outside [1, 512]", c.MaxKeyBytes)
 	}
@@ -362,6 +395,14 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.NodeID, "node-id", c.NodeID, "Raft node ID")
 	fs.StringVar(&c.RaftBind, "raft-bind", c.RaftBind, "host:port of the Raft transport")
 	fs.StringVar(&c.RaftAdvertise, "raft-advertise", c.RaftAdvertise, "Raft address other nodes use (default: --raft-bind)")
+	fs.StringVar(&c.Advertise, "advertise", c.Advertise, "API address (host:port) clients and other members use to reach this node (default: --listen)")
+	fs.Var(peersFlag{&c.InitialCluster}, "initial-cluster", "every voter of the cluster's first start, this node included: id=raft-host:port,... (ignored once the data dir has state)")
+	fs.StringVar(&c.Join, "join", c.Join, "API address (host:port) of a member of a running cluster to join as a voter on first start")
+	fs.StringVar(&c.PeerCertFile, "peer-cert", c.PeerCertFile, "this node's certificate (PEM) for mutual TLS on the Raft port")
+	fs.StringVar(&c.PeerKeyFile, "peer-key", c.PeerKeyFile, "this node's private key (PEM) for mutual TLS on the Raft port")
+	fs.StringVar(&c.PeerCAFile, "peer-ca", c.PeerCAFile, "CA certificate(s) (PEM) that members' Raft certificates are verified against")
+	fs.Var(rewriteFlag{&c.RaftDialRewrite}, "test-raft-dial-rewrite", "tests only: when Raft dials K, dial V instead (K=V,...)")
+	_ = fs.MarkHidden("test-raft-dial-rewrite")
 	fs.IntVar(&c.MaxWaitersPerKey, "max-waiters-per-key", c.MaxWaitersPerKey, "queue length limit per key")
 	fs.IntVar(&c.MaxLeases, "max-leases", c.MaxLeases, "held keys limit of the server")
 	fs.IntVar(&c.MaxRequestBytes, "max-request-bytes", c.MaxRequestBytes, "request size limit, bytes")
@@ -395,4 +436,186 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.HTTPBodyTimeout, "http-body-timeout", c.HTTPBodyTimeout, "time limit for reading an HTTP request body (not the wait that follows)")
 
 	// Logging and observability settings.
+}
+
+// validateCluster checks the cluster settings: Advertise, InitialCluster,
+// Join, the peer TLS files and RaftDialRewrite.
+func (c Config) validateCluster() []error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf("dlockd: config: "+format, a...)) }
+	if c.Advertise != "" {
+		if err := checkDialAddr(c.Advertise); err != nil {
+			bad("Advertise %q: %v", c.Advertise, err)
+		}
+	}
+	clustered := c.Join != "" || len(c.InitialCluster) > 1
+	if clustered && c.Advertise == "" {
+		if host, _, err := net.SplitHostPort(c.Listen); err == nil && unspecifiedHost(host) {
+			bad("Listen %q is not an address other members and clients can dial: set Advertise (--advertise HOST:PORT)", c.Listen)
+		}
+	}
+	if len(c.InitialCluster) > 0 {
+		ids := make(map[string]bool, len(c.InitialCluster))
+		addrs := make(map[string]string, len(c.InitialCluster))
+		self := false
+		for _, p := range c.InitialCluster {
+			if p.ID == "" {
+				bad("InitialCluster: a member has an empty ID (want id=host:port)")
+				continue
+			}
+			if ids[p.ID] {
+				bad("InitialCluster: node ID %q appears twice", p.ID)
+			}
+			ids[p.ID] = true
+			if err := checkDialAddr(p.RaftAddr); err != nil {
+				bad("InitialCluster: member %q: Raft address %q: %v", p.ID, p.RaftAddr, err)
+			} else if other, dup := addrs[p.RaftAddr]; dup {
+				bad("InitialCluster: members %q and %q have the same Raft address %s", other, p.ID, p.RaftAddr)
+			} else {
+				addrs[p.RaftAddr] = p.ID
+			}
+			if p.ID == c.NodeID {
+				self = true
+				if c.RaftAdvertise != "" && c.RaftAdvertise != p.RaftAddr {
+					bad("InitialCluster gives this node (%q) the Raft address %s, but RaftAdvertise is %s: they must be the same", p.ID, p.RaftAddr, c.RaftAdvertise)
+				}
+			}
+		}
+		if !self {
+			bad("InitialCluster does not include this node (NodeID %q): list every voter, this node included, as id=host:port", c.NodeID)
+		}
+	}
+	if c.Join != "" {
+		if len(c.InitialCluster) > 0 {
+			bad("Join and InitialCluster are exclusive: a new cluster starts with --initial-cluster, a node joins a running one with --join")
+		}
+		if err := checkDialAddr(c.Join); err != nil {
+			bad("Join %q: %v", c.Join, err)
+		}
+	}
+	nTLS := 0
+	for _, f := range []string{c.PeerCertFile, c.PeerKeyFile, c.PeerCAFile} {
+		if f != "" {
+			nTLS++
+		}
+	}
+	if nTLS != 0 && nTLS != 3 {
+		bad("peer TLS needs all three of PeerCertFile, PeerKeyFile and PeerCAFile (--peer-cert, --peer-key, --peer-ca), or none")
+	}
+	if host, _, err := net.SplitHostPort(c.RaftBind); err == nil && nTLS == 0 && !loopbackHost(host) {
+		bad("RaftBind %q is not a loopback address: the Raft port must speak mutual TLS (--peer-cert, --peer-key, --peer-ca), or bind to 127.0.0.1", c.RaftBind)
+	}
+	for k, v := range c.RaftDialRewrite {
+		if _, _, err := net.SplitHostPort(k); err != nil {
+			bad("RaftDialRewrite key %q: %v", k, err)
+		}
+		if _, _, err := net.SplitHostPort(v); err != nil {
+			bad("RaftDialRewrite value %q: %v", v, err)
+		}
+	}
+	return errs
+}
+
+// checkDialAddr reports whether addr is a host:port another machine can
+// dial: a host that is not empty nor unspecified, and a port that is not 0.
+func checkDialAddr(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if unspecifiedHost(host) {
+		return fmt.Errorf("host %q cannot be dialed (give the address others reach this node at)", host)
+	}
+	if port == "" || port == "0" {
+		return errors.New("port is missing or 0")
+	}
+	return nil
+}
+
+// unspecifiedHost reports whether host is empty or 0.0.0.0 or ::.
+func unspecifiedHost(host string) bool {
+	if host == "" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsUnspecified()
+}
+
+// loopbackHost reports whether host is localhost or a loopback IP.
+func loopbackHost(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// ParseInitialCluster parses the --initial-cluster form
+// "id=host:port,id=host:port" (etcd's). An empty string is no members.
+// It returns an error for an element without "=".
+func ParseInitialCluster(s string) ([]Peer, error) {
+	var out []Peer
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	for _, el := range strings.Split(s, ",") {
+		el = strings.TrimSpace(el)
+		id, addr, ok := strings.Cut(el, "=")
+		if !ok || id == "" || addr == "" {
+			return nil, fmt.Errorf("initial cluster member %q: want id=host:port", el)
+		}
+		out = append(out, Peer{ID: id, RaftAddr: addr})
+	}
+	return out, nil
+}
+
+// FormatInitialCluster is the inverse of ParseInitialCluster.
+func FormatInitialCluster(peers []Peer) string {
+	parts := make([]string, len(peers))
+	for i, p := range peers {
+		parts[i] = p.ID + "=" + p.RaftAddr
+	}
+	return strings.Join(parts, ",")
+}
+
+// peersFlag is the pflag.Value of --initial-cluster.
+type peersFlag struct{ p *[]Peer }
+
+func (f peersFlag) String() string { return FormatInitialCluster(*f.p) }
+func (f peersFlag) Type() string   { return "id=host:port,..." }
+func (f peersFlag) Set(s string) error {
+	peers, err := ParseInitialCluster(s)
+	if err != nil {
+		return err
+	}
+	*f.p = peers
+	return nil
+}
+
+// rewriteFlag is the pflag.Value of --test-raft-dial-rewrite.
+type rewriteFlag struct{ m *map[string]string }
+
+func (f rewriteFlag) String() string {
+	var parts []string
+	for k, v := range *f.m {
+		parts = append(parts, k+"="+v)
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ",")
+}
+func (f rewriteFlag) Type() string { return "from=to,..." }
+func (f rewriteFlag) Set(s string) error {
+	m := make(map[string]string)
+	for _, el := range strings.Split(s, ",") {
+		if el = strings.TrimSpace(el); el == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(el, "=")
+		if !ok || k == "" || v == "" {
+			return fmt.Errorf("dial rewrite %q: want from-host:port=to-host:port", el)
+		}
+		m[k] = v
+	}
+	*f.m = m
+	return nil
 }

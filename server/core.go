@@ -39,12 +39,17 @@ type apiError struct {
 	code   codes.Code
 	reason string
 	msg    string
+	// leader, on a NOT_LEADER answer, names the leader as this node knows
+	// it: sent as an errdetails.ErrorInfo detail over gRPC, and as the
+	// "leader" field and Dlock-Leader header over HTTP (see forward.go).
+	leader *leaderHint
 }
 
 func (e *apiError) Error() string { return "dlockd: " + e.msg + " (" + e.reason + ")" }
 
-// GRPCStatus lets grpc-go send the code.
-func (e *apiError) GRPCStatus() *status.Status { return status.New(e.code, e.Error()) }
+// GRPCStatus lets grpc-go send the code, and the leader hint of a
+// NOT_LEADER answer as an errdetails.ErrorInfo detail.
+func (e *apiError) GRPCStatus() *status.Status { return e.grpcStatus() }
 
 func apiErr(code codes.Code, reason, format string, a ...any) error {
 	return &apiError{code: code, reason: reason, msg: fmt.Sprintf(format, a...)}
@@ -137,12 +142,11 @@ func (s *Server) ttlOrDefault(ttl, def time.Duration) (time.Duration, error) {
 func (s *Server) raftErr(err error) error {
 	switch {
 	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, raft.ErrLeadershipTransferInProgress):
-		leader, _ := s.raft.LeaderWithID()
-		return apiErr(codes.Unavailable, ReasonNotLeader, "not the leader (leader: %q): %v", leader, err)
+		return s.notLeader("not the leader: %v", err)
 	case errors.Is(err, raft.ErrRaftShutdown):
 		return apiErr(codes.Unavailable, ReasonShuttingDown, "shutting down")
 	default:
-		return apiErr(codes.Unavailable, ReasonNotLeader, "raft: %v", err)
+		return s.notLeader("raft: %v", err)
 	}
 }
 
@@ -154,8 +158,9 @@ func (s *Server) writable() error {
 	default:
 	}
 	if !s.ready.Load() {
-		leader, _ := s.raft.LeaderWithID()
-		return apiErr(codes.Unavailable, ReasonNotLeader, "not ready: not the leader or catching up (leader: %q)", leader)
+		// The hint names the leader, or this node itself when it is the
+		// leader still catching up (a client retries it after a pause).
+		return s.notLeader("not ready: not the leader or catching up")
 	}
 	return nil
 }
@@ -319,10 +324,17 @@ func (s *Server) acquire(ctx context.Context, in acquireIn, cancel <-chan struct
 	case <-cancel:
 		why = errWaitCancelled
 	case <-s.closing:
-		why = apiErr(codes.Unavailable, ReasonShuttingDown, "acquire %q: server shutting down", in.key)
+		// The queue entry stays: the next leader (this node restarted, or
+		// another member) keeps it for its grace period, so the client
+		// that re-sends the same request (same key and owner token) there
+		// keeps its place. A client that does not is purged after it.
+		return acquireOut{}, apiErr(codes.Unavailable, ReasonShuttingDown,
+			"acquire %q: server shutting down; the queue entry keeps its place for its TTL: send the same request (same owner) to the next leader", in.key)
 	}
 	if err := s.undo(ko); err != nil {
-		return acquireOut{}, errors.Join(why, err)
+		// The entry may still be queued (this node lost its leadership):
+		// the answer must not say it was removed.
+		return acquireOut{}, err
 	}
 	return acquireOut{}, why
 }
@@ -404,8 +416,10 @@ type renewIn struct {
 // slice tells, per item, whether it was renewed (false: lease lost).
 //
 // Renewals whose TTL is unchanged only move this leader's in-memory
-// deadline, after VerifyLeader confirmed that a quorum still follows it;
-// see the package doc.
+// deadline, after a VerifyLeader round that started after the call (shared
+// with concurrent renewals and reads: readindex.go) confirmed that a quorum
+// still follows it; see the package doc. A renewal with a new TTL, or of a
+// suspect grant, goes through the log.
 func (s *Server) renew(items []renewIn) ([]bool, error) {
 	if len(items) > s.cfg.MaxRenewBatch {
 		return nil, apiErr(codes.ResourceExhausted, ReasonTooLarge, "renew: %d items > %d", len(items), s.cfg.MaxRenewBatch)
@@ -427,8 +441,11 @@ func (s *Server) renew(items []renewIn) ([]bool, error) {
 	if err := s.writable(); err != nil {
 		return nil, err
 	}
-	if err := s.raft.VerifyLeader().Error(); err != nil {
-		return nil, s.raftErr(err)
+	if _, err := s.verifyLeader(); err != nil {
+		return nil, err
+	}
+	if s.transferring.Load() > 0 {
+		return nil, s.notLeader("renew: leadership transfer in progress")
 	}
 	now := time.Now()
 	ok := make([]bool, len(items))
@@ -437,6 +454,9 @@ func (s *Server) renew(items []renewIn) ([]bool, error) {
 		case renewOK:
 			ok[i] = true
 		case renewNeedsLog:
+			// A new TTL, or a suspect grant (ttl 0: the FSM keeps the
+			// grant's TTL): the renewal restarts the grant through the
+			// log, and is acknowledged once committed.
 			r, err := s.propose(&command{op: opSetTTL, key: it.key, owner: it.owner, ttl: it.ttl})
 			if err != nil {
 				return nil, err
@@ -450,7 +470,8 @@ func (s *Server) renew(items []renewIn) ([]bool, error) {
 // readBarrier makes a following read of the FSM linearizable: this node is
 // still the leader, and everything committed before the call is applied.
 // It writes nothing: it waits until the FSM has applied the commit index
-// read after VerifyLeader. Every entry after a leader's first no-op command
+// read after a VerifyLeader round that started after the call (one round
+// serves concurrent reads and renewals: readindex.go). Every entry after a leader's first no-op command
 // reaches the FSM (commands and configuration changes; Raft's barriers and
 // no-ops come only before it, in becomeLeader), so the wait ends when the
 // entries in flight are applied. A Raft barrier here used to write an entry
@@ -460,10 +481,13 @@ func (s *Server) readBarrier() error {
 	if err := s.writable(); err != nil {
 		return err
 	}
-	if err := s.raft.VerifyLeader().Error(); err != nil {
-		return s.raftErr(err)
+	target, err := s.verifyLeader()
+	if err != nil {
+		return err
 	}
-	target := s.raft.CommitIndex()
+	if s.transferring.Load() > 0 {
+		return s.notLeader("read: leadership transfer in progress")
+	}
 	var timeout <-chan time.Time
 	for {
 		applied, wake := s.fsm.appliedIndex()

@@ -26,6 +26,10 @@ const (
 	opForceRelease opcode = 8  // an operator removes key's grant whoever holds it
 	opEndDelay     opcode = 9  // the key's lock-delay has run out: hand it to the head waiter, or free it
 	opNoop         opcode = 10 // changes nothing: a new leader's first entry seen by the FSM (see readBarrier)
+	opSetMember    opcode = 11 // members registry: set node key's API address (holder) and incarnation (session)
+	opRemoveMember opcode = 12 // members registry: remove node key
+	opSuspect      opcode = 13 // leader logs the time left of grants unrenewed for part of their TTL (suspect leases)
+	opPurgeIdle    opcode = 14 // new leader removes queue entries not re-attached within their grace
 )
 
 // keyOwner names one grant or one queue entry.
@@ -39,6 +43,22 @@ type keyOwner struct{ key, owner string }
 type expiry struct {
 	key, owner string
 	version    uint64
+}
+
+// suspectMark is one grant version a leader marked suspect, with the time
+// its countdown had left when marked (or at a later checkpoint).
+type suspectMark struct {
+	key, owner string
+	version    uint64
+	left       time.Duration
+}
+
+// idleEntry names one queue entry by the index that last attached it
+// (queued it, or re-attached its owner); opPurgeIdle removes it only if no
+// later acquisition re-attached it.
+type idleEntry struct {
+	key, owner string
+	since      uint64
 }
 
 // command is one state machine command, carried in one Raft log entry. The
@@ -59,6 +79,8 @@ type command struct {
 	version         uint64 // end delay: the delay's version
 	pairs           []keyOwner
 	expiries        []expiry
+	suspects        []suspectMark // opSuspect
+	idle            []idleEntry   // opPurgeIdle
 }
 
 // commandVersion 2 added lock-delays, the total-waiters limit and grant
@@ -94,6 +116,10 @@ func (c *command) encode() []byte {
 		e.str(c.key)
 		e.u64(c.version)
 	case opNoop:
+	case opSetMember, opRemoveMember:
+		e.str(c.key)
+		e.str(c.holder)
+		e.str(c.session)
 	case opPurge:
 		e.u64(uint64(len(c.pairs)))
 		for _, p := range c.pairs {
@@ -106,6 +132,21 @@ func (c *command) encode() []byte {
 			e.str(x.key)
 			e.str(x.owner)
 			e.u64(x.version)
+		}
+	case opSuspect:
+		e.u64(uint64(len(c.suspects)))
+		for _, x := range c.suspects {
+			e.str(x.key)
+			e.str(x.owner)
+			e.u64(x.version)
+			e.dur(x.left)
+		}
+	case opPurgeIdle:
+		e.u64(uint64(len(c.idle)))
+		for _, x := range c.idle {
+			e.str(x.key)
+			e.str(x.owner)
+			e.u64(x.since)
 		}
 	}
 	return e.b
@@ -155,6 +196,10 @@ func decodeCommand(b []byte) (command, error) {
 		if v < 2 {
 			return c, errCorrupt
 		}
+	case opSetMember, opRemoveMember:
+		c.key = d.str()
+		c.holder = d.str()
+		c.session = d.str()
 	case opPurge:
 		n := d.u64()
 		if n > uint64(len(d.b)) { // each pair takes at least 2 bytes
@@ -179,6 +224,24 @@ func decodeCommand(b []byte) (command, error) {
 				x.version = d.u64()
 			}
 			c.expiries = append(c.expiries, x)
+		}
+	case opSuspect:
+		n := d.u64()
+		if v < 2 || n > uint64(len(d.b)) {
+			return c, errCorrupt
+		}
+		c.suspects = make([]suspectMark, 0, n)
+		for i := uint64(0); i < n && d.err == nil; i++ {
+			c.suspects = append(c.suspects, suspectMark{key: d.str(), owner: d.str(), version: d.u64(), left: d.dur()})
+		}
+	case opPurgeIdle:
+		n := d.u64()
+		if v < 2 || n > uint64(len(d.b)) {
+			return c, errCorrupt
+		}
+		c.idle = make([]idleEntry, 0, n)
+		for i := uint64(0); i < n && d.err == nil; i++ {
+			c.idle = append(c.idle, idleEntry{key: d.str(), owner: d.str(), since: d.u64()})
 		}
 	default:
 		return c, errCorrupt
@@ -226,6 +289,12 @@ type grant struct {
 	// restarts the countdown with it, so a renewal that shortened the TTL
 	// never brings an end the holder was acknowledged before.
 	restartTTL time.Duration
+	// suspect: a leader logged (opSuspect, for this version) that the
+	// grant went unrenewed for part of its TTL, with suspectLeft, the time
+	// its countdown had left then. A new leader restarts the countdown at
+	// suspectLeft instead of restartTTL. Cleared by the next version.
+	suspect     bool
+	suspectLeft time.Duration
 }
 
 // waiter is one queue entry.
@@ -235,6 +304,11 @@ type waiter struct {
 	session   string
 	ttl       time.Duration
 	lockDelay time.Duration
+	// since is the index of the entry that queued the owner or last
+	// re-attached it (an acquisition with wait of the queued owner): a new
+	// leader's purge of entries whose grace ran out names it, and a later
+	// re-attachment makes that purge miss.
+	since uint64
 }
 
 // waitNode is one queue entry in its key's doubly linked queue.
@@ -326,6 +400,7 @@ const (
 	evTTL                         // owner's grant's countdown restarts with ttl (version set)
 	evDelayed                     // key entered a lock-delay (ttl = the delay, version set)
 	evDelayEnded                  // key's lock-delay ended (a grant or nothing follows)
+	evSuspect                     // owner's grant (version set) logged suspect, ttl = the time it had left
 )
 
 // removeReason says why a grant ended.
@@ -372,6 +447,10 @@ type event struct {
 	version    uint64
 	handoff    bool // evGranted: granted to a queued waiter (it must claim the grant)
 	reason     removeReason
+	// suspect, left: evGranted of a reset state: the grant is logged
+	// suspect with left, the time it had left.
+	suspect bool
+	left    time.Duration
 }
 
 // observer hears of every change of the lock table, in log order, from the
@@ -395,6 +474,7 @@ type fsm struct {
 	strs    interner              // holder and session strings, shared by the grants that use them
 	waiting int                   // total queue entries
 	applied uint64                // index of the last entry applied
+	members map[string]member     // members registry: node ID -> API address (see cluster.go)
 
 	appliedMu   sync.Mutex
 	appliedWake chan struct{} // closed and replaced after each batch
@@ -405,7 +485,7 @@ func newKeyIndex() *btree.BTreeG[string] {
 }
 
 func newFSM(obs observer) *fsm {
-	return &fsm{obs: obs, locks: make(map[string]*lockEntry), keys: newKeyIndex(), strs: newInterner(), appliedWake: make(chan struct{})}
+	return &fsm{obs: obs, members: make(map[string]member), locks: make(map[string]*lockEntry), keys: newKeyIndex(), strs: newInterner(), appliedWake: make(chan struct{})}
 }
 
 // interner shares equal strings (holder texts and sessions repeat across a
@@ -541,6 +621,9 @@ func (f *fsm) apply(idx uint64, c *command, evs []event) (applyResult, []event) 
 		return applyResult{code: resOK, fence: next}, evs
 	case opNoop:
 		return applyResult{code: resOK}, evs
+	case opSetMember, opRemoveMember:
+		f.applyMember(c)
+		return applyResult{code: resOK}, evs
 	case opCancelWait:
 		return f.cancelWait(idx, c.key, c.owner, true, evs)
 	case opPurge:
@@ -548,13 +631,37 @@ func (f *fsm) apply(idx uint64, c *command, evs []event) (applyResult, []event) 
 			_, evs = f.cancelWait(idx, p.key, p.owner, false, evs)
 		}
 		return applyResult{code: resOK}, evs
+	case opPurgeIdle:
+		for _, p := range c.idle {
+			if e := f.locks[p.key]; e != nil {
+				if n := e.q.find(p.owner); n != nil && n.since == p.since {
+					_, evs = f.cancelWait(idx, p.key, p.owner, false, evs)
+				}
+			}
+		}
+		return applyResult{code: resOK}, evs
+	case opSuspect:
+		// Only for the version the leader saw: a logged renewal since
+		// (a new version) makes the mark stale. The version does not
+		// change, so an expiry proposed for it stays valid.
+		for _, x := range c.suspects {
+			if e := f.locks[x.key]; e != nil && e.held && e.grant.owner == x.owner && x.version != 0 && x.version == e.grant.version && x.left > 0 {
+				e.grant.suspect, e.grant.suspectLeft = true, x.left
+				evs = append(evs, event{kind: evSuspect, key: x.key, owner: x.owner, session: e.grant.session, fence: e.grant.fence, ttl: x.left, version: x.version})
+			}
+		}
+		return applyResult{code: resOK}, evs
 	case opSetTTL:
 		e := f.locks[c.key]
 		if e == nil || !e.held || e.grant.owner != c.owner {
 			return applyResult{code: resLost}, evs
 		}
-		evs = f.restartGrant(idx, c.key, e, c.ttl, evs)
-		return applyResult{code: resOK, ttl: c.ttl}, evs
+		ttl := c.ttl
+		if ttl == 0 { // a renewal of a suspect grant through the log: same TTL
+			ttl = e.grant.ttl
+		}
+		evs = f.restartGrant(idx, c.key, e, ttl, evs)
+		return applyResult{code: resOK, ttl: ttl}, evs
 	}
 	return applyResult{code: resBadCommand}, evs
 }
@@ -566,6 +673,7 @@ func (f *fsm) restartGrant(idx uint64, key string, e *lockEntry, ttl time.Durati
 	e.grant.ttl = ttl
 	e.grant.restartTTL = max(e.grant.restartTTL, ttl)
 	e.grant.version = idx
+	e.grant.suspect, e.grant.suspectLeft = false, 0
 	return append(evs, event{kind: evTTL, key: key, owner: e.grant.owner, session: e.grant.session, fence: e.grant.fence, ttl: ttl, restartTTL: e.grant.restartTTL, version: idx})
 }
 
@@ -592,6 +700,7 @@ func (f *fsm) acquire(idx uint64, c *command, evs []event) (applyResult, []event
 		if !c.wait { // the owner waits already; a try of the same owner is refused
 			return applyResult{code: resHeld}, evs
 		}
+		n.since = idx // re-attached: a purge of its grace named an earlier since
 		return applyResult{code: resQueued, position: e.q.position(n)}, evs
 	}
 	if !c.wait {
@@ -606,7 +715,7 @@ func (f *fsm) acquire(idx uint64, c *command, evs []event) (applyResult, []event
 	if c.maxTotalWaiters > 0 && uint64(f.waiting) >= c.maxTotalWaiters {
 		return applyResult{code: resTooManyQueued}, evs
 	}
-	e.q.push(waiter{owner: c.owner, holder: f.strs.get(c.holder), session: f.strs.get(c.session), ttl: c.ttl, lockDelay: c.lockDelay})
+	e.q.push(waiter{owner: c.owner, holder: f.strs.get(c.holder), session: f.strs.get(c.session), ttl: c.ttl, lockDelay: c.lockDelay, since: idx})
 	f.waiting++
 	return applyResult{code: resQueued, position: e.q.len()}, evs
 }
@@ -737,13 +846,22 @@ func (f *fsm) list(prefix, after string, limit int) (out []holderView, more bool
 	return out, more
 }
 
+// queuedEntry is one queue entry as a new leader sees it.
+type queuedEntry struct {
+	ko    keyOwner
+	ttl   time.Duration // the waiter's TTL: its grace after a leader change
+	since uint64        // index that queued or last re-attached it
+}
+
 // queued returns every queue entry.
-func (f *fsm) queued() []keyOwner {
+func (f *fsm) queued() []queuedEntry {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	var out []keyOwner
+	var out []queuedEntry
 	for k, e := range f.locks {
-		e.q.each(func(w *waiter) { out = append(out, keyOwner{key: k, owner: w.owner}) })
+		e.q.each(func(w *waiter) {
+			out = append(out, queuedEntry{ko: keyOwner{key: k, owner: w.owner}, ttl: w.ttl, since: w.since})
+		})
 	}
 	return out
 }
@@ -768,7 +886,7 @@ func stateLocked(locks map[string]*lockEntry) []event {
 	for k, e := range locks {
 		if e.held {
 			g := &e.grant
-			out = append(out, event{kind: evGranted, key: k, owner: g.owner, session: g.session, holder: g.holder, fence: g.fence, ttl: g.ttl, restartTTL: g.restartTTL, version: g.version})
+			out = append(out, event{kind: evGranted, key: k, owner: g.owner, session: g.session, holder: g.holder, fence: g.fence, ttl: g.ttl, restartTTL: g.restartTTL, version: g.version, suspect: g.suspect, left: g.suspectLeft})
 		} else {
 			out = append(out, event{kind: evDelayed, key: k, ttl: e.delay, version: e.delayVersion})
 		}
@@ -790,6 +908,9 @@ func (f *fsm) check() error {
 		}
 		if e.held && (e.grant.fence == 0 || e.grant.version < e.grant.fence) {
 			return fmt.Errorf("key %q: grant fence %d version %d", k, e.grant.fence, e.grant.version)
+		}
+		if e.held && e.grant.suspect != (e.grant.suspectLeft > 0) {
+			return fmt.Errorf("key %q: suspect %v with %v left", k, e.grant.suspect, e.grant.suspectLeft)
 		}
 		n := 0
 		var prev *waitNode
@@ -827,7 +948,7 @@ func (f *fsm) check() error {
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	s := &fsmSnapshot{applied: f.applied, entries: make([]snapEntry, 0, len(f.locks))}
+	s := &fsmSnapshot{applied: f.applied, entries: make([]snapEntry, 0, len(f.locks)), members: f.copyMembers()}
 	for k, e := range f.locks {
 		en := snapEntry{key: k, held: e.held, grant: e.grant, delay: e.delay, delayVersion: e.delayVersion}
 		e.q.each(func(w *waiter) { en.waiters = append(en.waiters, *w) })
@@ -836,11 +957,13 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	return s, nil
 }
 
-// Snapshot formats: v1 (held keys and queues) is still read; v2 adds
-// grant versions, lock-delays and waiting lock-delays, and the applied index.
+// Snapshot formats: v1 (held keys and queues) and v2 are still read; v2
+// adds grant versions, lock-delays and waiting lock-delays, and the applied
+// index; v3 adds each grant's suspect entry and each waiter's since.
 const (
 	snapshotMagicV1 = "dlockd-snap-v1"
-	snapshotMagic   = "dlockd-snap-v2"
+	snapshotMagicV2 = "dlockd-snap-v2"
+	snapshotMagic   = "dlockd-snap-v3"
 )
 
 type snapEntry struct {
@@ -855,6 +978,7 @@ type snapEntry struct {
 type fsmSnapshot struct {
 	applied uint64 // index of the last entry the table reflects
 	entries []snapEntry
+	members map[string]member // written as a trailing section (see appendMembersSection)
 }
 
 // Persist writes the table: magic, count, then per key its state and queue.
@@ -875,6 +999,8 @@ func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 		e.dur(en.grant.lockDelay)
 		e.u64(en.grant.version)
 		e.dur(en.grant.restartTTL)
+		e.boolean(en.grant.suspect)
+		e.dur(en.grant.suspectLeft)
 		e.dur(en.delay)
 		e.u64(en.delayVersion)
 		e.u64(uint64(len(en.waiters)))
@@ -884,6 +1010,7 @@ func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 			e.str(wt.session)
 			e.dur(wt.ttl)
 			e.dur(wt.lockDelay)
+			e.u64(wt.since)
 		}
 		if len(e.b) > 1<<15 {
 			if _, err := w.Write(e.b); err != nil {
@@ -893,6 +1020,7 @@ func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 			e.b = e.b[:0]
 		}
 	}
+	e.b = appendMembersSection(e.b, s.members)
 	if _, err := w.Write(e.b); err != nil {
 		_ = sink.Cancel()
 		return err
@@ -915,6 +1043,10 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	if err != nil {
 		return err
 	}
+	data, members, err := splitMembersSection(data)
+	if err != nil {
+		return err
+	}
 	locks, strs, waiting, applied, err := decodeSnapshot(data)
 	if err != nil {
 		return err
@@ -928,6 +1060,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	f.keys = keys
 	f.strs = strs
 	f.waiting = waiting
+	f.members = members
 	if applied > f.applied {
 		f.applied = applied
 	}
@@ -943,10 +1076,11 @@ func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, wa
 	d := dec{b: data}
 	strs = newInterner()
 	magic := d.str()
-	if d.err != nil || (magic != snapshotMagic && magic != snapshotMagicV1) {
+	if d.err != nil || (magic != snapshotMagic && magic != snapshotMagicV2 && magic != snapshotMagicV1) {
 		return nil, strs, 0, 0, errCorrupt
 	}
-	v2 := magic == snapshotMagic
+	v3 := magic == snapshotMagic
+	v2 := v3 || magic == snapshotMagicV2
 	if v2 {
 		applied = d.u64()
 	}
@@ -966,6 +1100,13 @@ func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, wa
 			e.grant.lockDelay = d.dur()
 			e.grant.version = d.u64()
 			e.grant.restartTTL = d.dur()
+			if v3 {
+				e.grant.suspect = d.boolean()
+				e.grant.suspectLeft = d.dur()
+				if e.grant.suspect != (e.grant.suspectLeft > 0) {
+					return nil, strs, 0, 0, errCorrupt
+				}
+			}
 			e.delay = d.dur()
 			e.delayVersion = d.u64()
 		} else {
@@ -988,6 +1129,9 @@ func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, wa
 			w := waiter{owner: d.str(), holder: strs.get(d.str()), session: strs.get(d.str()), ttl: d.dur()}
 			if v2 {
 				w.lockDelay = d.dur()
+			}
+			if v3 {
+				w.since = d.u64()
 			}
 			if e.q.find(w.owner) != nil {
 				return nil, strs, 0, 0, errCorrupt

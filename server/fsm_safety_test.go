@@ -308,7 +308,7 @@ func FuzzFSMApply(f *testing.F) {
 			b, arg := data[i], data[i+1]
 			key, owner := keys[int(arg>>4)%len(keys)], owners[int(arg)%len(owners)]
 			var c command
-			switch b % 9 {
+			switch b % 11 {
 			case 0, 1:
 				c = command{op: opAcquire, key: key, owner: owner, ttl: time.Second, wait: b%2 == 1, maxWaiters: 3, maxLeases: 10, maxTotalWaiters: 5}
 				if arg&8 != 0 {
@@ -331,6 +331,18 @@ func FuzzFSMApply(f *testing.F) {
 				c = command{op: opEndDelay, key: key, version: version(key) - uint64(arg&1)}
 			case 8:
 				c = command{op: opUnclaimed, expiries: []expiry{{key, owner, version(key) - uint64(arg&1)}}}
+			case 9:
+				c = command{op: opSuspect, suspects: []suspectMark{{key, owner, version(key) - uint64(arg&1), time.Duration(arg) * time.Millisecond}}}
+			case 10:
+				var since uint64
+				fm.mu.RLock()
+				if e := fm.locks[key]; e != nil {
+					if n := e.q.find(owner); n != nil {
+						since = n.since - uint64(arg&1)
+					}
+				}
+				fm.mu.RUnlock()
+				c = command{op: opPurgeIdle, idle: []idleEntry{{key, owner, since}}}
 			}
 			idx++
 			rec.evs = rec.evs[:0]
@@ -417,7 +429,7 @@ func TestLeaseClock_ClaimWindow(t *testing.T) {
 	}
 	c.apply([]event{{kind: evGranted, key: "d", owner: "w", fence: 4, version: 4, ttl: time.Minute, handoff: true}})
 	c.restartAll()
-	if fs, _ := c.takeExpired(now.Add(30*time.Second), 10); len(fs) != 0 {
+	if fs, _ := c.takeExpired(now.Add(30*time.Second), 10); len(endsOnly(fs)) != 0 {
 		t.Fatalf("a new term released %+v before its TTL", fs)
 	}
 }
@@ -465,11 +477,11 @@ func TestLeaseClock_ShorterTTLNeverBringsEndForward(t *testing.T) {
 	if got := clk.renew("k", "a", 0, now.Add(10*time.Millisecond)); got != renewOK {
 		t.Fatalf("renew = %v", got)
 	}
-	if fs, next := clk.takeExpired(now.Add(300*time.Millisecond), 10); len(fs) != 0 || next.Before(time.Unix(1000, 0).Add(400*time.Millisecond)) {
+	if fs, next := clk.takeExpired(now.Add(300*time.Millisecond), 10); len(endsOnly(fs)) != 0 || next.Before(time.Unix(1000, 0).Add(400*time.Millisecond)) {
 		t.Fatalf("the shorter TTL brought the end forward: fired %+v, next %v", fs, next)
 	}
 	clk.restartAll()
-	if fs, _ := clk.takeExpired(now.Add(350*time.Millisecond), 10); len(fs) != 0 {
+	if fs, _ := clk.takeExpired(now.Add(350*time.Millisecond), 10); len(endsOnly(fs)) != 0 {
 		t.Fatalf("a new term restarted with the shorter TTL: %+v", fs)
 	}
 }

@@ -44,7 +44,14 @@ var httpStatus = map[codes.Code]int{
 // /v1/inspect, /v1/list. GET /v1/inspect?key=K and GET
 // /v1/list?prefix=P&limit=N&page_token=T also work. Errors are
 // {"code":"FAILED_PRECONDITION","reason":"LOCK_HELD","message":"..."} with
-// the HTTP status of the code (400, 404, 409, 413, 429, 503, ...).
+// the HTTP status of the code (400, 404, 409, 413, 429, 503, ...); a
+// NOT_LEADER answer (503) adds "leader" (the leader's API address) and
+// "leader_id", and the header Dlock-Leader.
+//
+// On a node that is not the leader, the /v1/ routes are forwarded to the
+// leader (marked Dlock-Forwarded: 1), or redirected there (307) for a
+// request with Dlock-No-Forward: 1; see httpForwarder. /healthz, /readyz
+// and /metrics always answer for this node.
 func newHTTPHandler(s *Server) http.Handler {
 	a := &api{s: s}
 	mux := http.NewServeMux()
@@ -80,6 +87,7 @@ func newHTTPHandler(s *Server) http.Handler {
 		s.requestDone(transportHTTP, "list", "", err, start)
 		writeReply(w, resp, err)
 	})
+	clusterRoutes(s, mux) // /v1/cluster/* (cluster_http.go)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-s.closing:
@@ -103,7 +111,8 @@ func newHTTPHandler(s *Server) http.Handler {
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
-	return s.recoverHTTP(mux)
+	// A node that is not the leader forwards the /v1/ routes to it.
+	return s.recoverHTTP(newHTTPForwarder(s, mux))
 }
 
 // unary serves one JSON route: read the body (bounded by MaxRequestBytes
@@ -316,12 +325,24 @@ func writeReply(w http.ResponseWriter, resp proto.Message, err error) error {
 	return werr
 }
 
+// writeError writes ae as a JSON error with HTTP status status. A
+// NOT_LEADER answer also carries the leader as this node knows it: the
+// "leader" (API address) and "leader_id" fields, and the Dlock-Leader
+// header, empty when unknown. A hint that names the node that answered
+// means it is the leader still catching up: retry after a pause.
 func writeError(w http.ResponseWriter, status int, ae *apiError) {
-	b, _ := json.Marshal(struct {
-		Code    string `json:"code"`
-		Reason  string `json:"reason"`
-		Message string `json:"message"`
-	}{codeName(ae.code), ae.reason, ae.Error()})
+	body := struct {
+		Code     string  `json:"code"`
+		Reason   string  `json:"reason"`
+		Message  string  `json:"message"`
+		Leader   *string `json:"leader,omitempty"`
+		LeaderID *string `json:"leader_id,omitempty"`
+	}{Code: codeName(ae.code), Reason: ae.reason, Message: ae.Error()}
+	if h := ae.leader; h != nil {
+		body.Leader, body.LeaderID = &h.api, &h.id
+		w.Header().Set(HeaderLeader, h.api)
+	}
+	b, _ := json.Marshal(body)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_, _ = w.Write(append(b, '\n'))

@@ -140,7 +140,13 @@ func TestMetrics_RequestsByMethodTransportAndCode(t *testing.T) {
 
 	// A unary waiting acquisition the client gave up. (One past its
 	// deadline is DeadlineExceeded or Canceled, whichever side's timer
-	// fires first.)
+	// fires first.) The cancelled Wait stream's queue entry must be gone
+	// first: otherwise its entry passes for the unary call's below, which
+	// is then cancelled before the server sees it, and never counted.
+	waitFor(t, func() bool {
+		r, err := c.Inspect(ctx, &dlockv1.InspectRequest{Key: "m"})
+		return err == nil && r.GetWaiters() == 0
+	})
 	uctx, ucancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {

@@ -49,8 +49,11 @@ type Server struct {
 	lim         *limits   // capped resources of this node and their refusals
 	calls       *callPool // runs Session calls
 
+	readIndex leaderCheck // one VerifyLeader round shared by concurrent renewals and reads (readindex.go)
+
 	raft      *raft.Raft
 	transport *raft.NetworkTransport
+	stream    *streamLayer          // the transport's TCP or mutual-TLS connections
 	store     *raftboltdb.BoltStore // stable store, and the log of old data directories
 	wal       *raftwal.WAL          // the log (hashicorp/raft-wal)
 	walMeta   *metadb.BoltMetaDB    // raft-wal's meta store, closed by the server
@@ -60,11 +63,24 @@ type Server struct {
 	grpcSrv *grpc.Server
 	httpSrv *http.Server
 
-	ready   atomic.Bool   // leader, caught up and purged: serving writes
-	closing chan struct{} // closed when Shutdown starts: waits give up
-	stopCh  chan struct{} // closed to stop the background loops
-	loops   sync.WaitGroup
-	serving sync.WaitGroup
+	// Membership (cluster.go).
+	peers       peers         // gRPC clients of other members' APIs
+	memberMu    sync.Mutex    // one membership change at a time (leader)
+	memberWake  chan struct{} // pokes memberLoop
+	incarnation string        // this data directory's random ID (stable store)
+	raftUp      atomic.Bool   // s.raft is set (read by probe answers, which start before it)
+	hasState    atomic.Bool   // Raft state exists (restart, bootstrapped or joined): told to probing members
+	failed      chan error    // receives the error that keeps this node out of the cluster (see Failed)
+
+	ready atomic.Bool // leader, caught up, countdowns restarted: serving writes
+	// transferring counts leadership transfers this node started that may
+	// still elect another node (see transferLeadership): while it is not
+	// zero, renewals and reads are not answered from this node's memory.
+	transferring atomic.Int32
+	closing      chan struct{} // closed when Shutdown starts: waits give up
+	stopCh       chan struct{} // closed to stop the background loops
+	loops        sync.WaitGroup
+	serving      sync.WaitGroup
 
 	mu       sync.Mutex // guards started, stopped
 	started  bool
@@ -89,7 +105,11 @@ func New(cfg Config) (*Server, error) {
 		closing:  make(chan struct{}),
 		stopCh:   make(chan struct{}),
 		stopDone: make(chan struct{}),
+
+		memberWake: make(chan struct{}, 1),
+		failed:     make(chan error, 1),
 	}
+	s.peers.rewrite = cfg.RaftDialRewrite
 	s.waits.m = make(map[keyOwner]*waitEntry)
 	s.sessions.subs = make(map[string]map[*subscriber]struct{})
 	s.fsm = newFSM(s)
@@ -100,9 +120,15 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Start opens the data directory, starts Raft (bootstrapping a single voter
-// on first start), listens on Config.Listen and serves. It returns once the
-// port is listening; use WaitReady to wait for leadership.
+// Start opens the data directory, starts Raft, listens on Config.Listen and
+// serves. On a first start (an empty data directory) it bootstraps this
+// node alone when Config.InitialCluster names no other member; with other
+// members, a background loop probes them and bootstraps the voters of
+// InitialCluster only when they allow it (see bootstrapLoop; a refusal is
+// sent on Failed); with Config.Join, a background loop asks the member at
+// Join to add this node. A restart uses the data directory's configuration. It
+// returns once the port is listening; use WaitReady to wait for
+// leadership.
 func (s *Server) Start() (err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -159,16 +185,41 @@ func (s *Server) Start() (err error) {
 	if err != nil {
 		return fmt.Errorf("dlockd: snapshot store: %w", err)
 	}
-	var adv net.Addr
-	if s.cfg.RaftAdvertise != "" {
-		if adv, err = net.ResolveTCPAddr("tcp", s.cfg.RaftAdvertise); err != nil {
-			return fmt.Errorf("dlockd: raft advertise address: %w", err)
+	existing, err := raft.HasExistingState(logs, s.store, snaps)
+	if err != nil {
+		return fmt.Errorf("dlockd: read raft state: %w", err)
+	}
+	if err := s.loadIncarnation(); err != nil {
+		return err
+	}
+	raftAdv := s.cfg.RaftAdvertise
+	for _, p := range s.cfg.InitialCluster {
+		if p.ID == s.cfg.NodeID && raftAdv == "" {
+			raftAdv = p.RaftAddr
 		}
 	}
-	s.transport, err = raft.NewTCPTransportWithLogger(s.cfg.RaftBind, adv, 3, 10*time.Second, rlog)
-	if err != nil {
+	// A node joining on an empty data directory keeps its Raft port shut
+	// until the leader agrees (see joinLoop); one started with
+	// InitialCluster on an empty data directory keeps it shut until the
+	// other members' answers to its probe allow it (see bootstrapLoop).
+	joining := s.cfg.Join != "" && !existing
+	probing := !existing && !joining && s.otherInitialMembers() > 0
+	s.hasState.Store(existing)
+	if s.stream, err = newStreamLayer(s.cfg, raftAdv, !joining && !probing, s.answerProbe); err != nil {
 		return fmt.Errorf("dlockd: raft transport on %s: %w", s.cfg.RaftBind, err)
 	}
+	// MaxRPCsInFlight 1 turns off raft's pipelined replication. Its
+	// netPipeline can deadlock when a follower answers a pipelined append
+	// with failure: pipelineDecode returns, decodeResponses then blocks on
+	// doneCh, the next pipelined send blocks on inprogressCh, and the
+	// replication goroutine never ends, so that follower gets no more
+	// entries (only heartbeats) and Raft's Shutdown waits forever (seen
+	// here: a leader's Close hung; hashicorp/raft issue 612). Synchronous
+	// appends, batched by MaxAppendEntries, cost little (raft's own
+	// analysis in its pull request 541).
+	s.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream: s.stream, MaxPool: 3, Timeout: 10 * time.Second, Logger: rlog, MaxRPCsInFlight: 1,
+	})
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(s.cfg.NodeID)
@@ -186,22 +237,26 @@ func (s *Server) Start() (err error) {
 		return fmt.Errorf("dlockd: raft config: %w", err)
 	}
 
-	existing, err := raft.HasExistingState(logs, s.store, snaps)
-	if err != nil {
-		return fmt.Errorf("dlockd: read raft state: %w", err)
+	conf := raft.Configuration{Servers: []raft.Server{{
+		Suffrage: raft.Voter, ID: rc.LocalID, Address: s.transport.LocalAddr(),
+	}}}
+	if len(s.cfg.InitialCluster) > 0 {
+		conf.Servers = conf.Servers[:0]
+		for _, p := range s.cfg.InitialCluster {
+			conf.Servers = append(conf.Servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.RaftAddr)})
+		}
 	}
-	if !existing {
-		conf := raft.Configuration{Servers: []raft.Server{{
-			Suffrage: raft.Voter, ID: rc.LocalID, Address: s.transport.LocalAddr(),
-		}}}
+	if !existing && !joining && !probing {
 		if err := raft.BootstrapCluster(rc, logs, s.store, snaps, s.transport, conf); err != nil {
 			return fmt.Errorf("dlockd: bootstrap: %w", err)
 		}
+		s.hasState.Store(true)
 	}
 	s.raft, err = raft.NewRaft(rc, s.fsm, logs, s.store, snaps, s.transport)
 	if err != nil {
 		return fmt.Errorf("dlockd: start raft: %w", err)
 	}
+	s.raftUp.Store(true) // s.raft is set: probes may read it
 	if existing {
 		if err := s.checkMember(); err != nil {
 			return err
@@ -215,6 +270,7 @@ func (s *Server) Start() (err error) {
 	s.mux = newConnMux(s.ln, s.lim, s.log, s.cfg.MaxConnections)
 	s.calls = newCallPool(8*runtime.GOMAXPROCS(0), s.stopCh)
 	s.grpcSrv = newGRPCServer(s)
+	dlockv1.RegisterClusterServer(s.grpcSrv, &clusterAPI{s: s})
 	s.httpSrv = &http.Server{
 		Handler:           newHTTPHandler(s),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -227,9 +283,18 @@ func (s *Server) Start() (err error) {
 	go func() { defer s.serving.Done(); _ = s.grpcSrv.Serve(s.mux.grpc) }()
 	go func() { defer s.serving.Done(); _ = s.httpSrv.Serve(s.mux.http) }()
 
-	s.loops.Add(2)
+	s.loops.Add(3)
 	go s.leadershipLoop()
 	go s.expireLoop()
+	go s.memberLoop()
+	if joining {
+		s.loops.Add(1)
+		go s.joinLoop()
+	}
+	if probing {
+		s.loops.Add(1)
+		go s.bootstrapLoop(conf)
+	}
 
 	s.log.Info("dlockd listening", "listen", s.ln.Addr().String(), "data", s.cfg.DataDir,
 		"raft", string(s.transport.LocalAddr()), "node", s.cfg.NodeID, "url", "dlockd://"+s.ln.Addr().String())
@@ -297,8 +362,8 @@ func (s *Server) Addr() string {
 func (s *Server) URL() string { return "dlockd://" + s.Addr() }
 
 // Ready reports whether the node serves writes: it is the leader, has
-// applied its whole log and has removed the queue entries of clients that
-// are gone.
+// applied its whole log, has restarted its countdowns and has given the
+// queue entries of clients not connected to it their grace.
 func (s *Server) Ready() bool { return s.ready.Load() }
 
 // WaitReady blocks until Ready or ctx ends, and returns ctx's error then.
@@ -318,9 +383,12 @@ func (s *Server) WaitReady(ctx context.Context) error {
 }
 
 // Shutdown stops the server gracefully: it stops accepting, answers waiting
-// acquisitions with UNAVAILABLE after removing their queue entries, lets
-// running requests finish until ctx ends (then cuts them), and shuts Raft
-// and the log store down. Grants stay in the log. Safe to call twice.
+// acquisitions with UNAVAILABLE (SHUTTING_DOWN), lets running requests
+// finish until ctx ends (then cuts them), and shuts Raft and the log store
+// down. Grants and queue entries stay in the log: the next leader (another
+// member, or this node restarted) keeps each queue entry for its grace
+// period (its TTL), so a waiter that re-sends its request keeps its place.
+// Safe to call twice.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	if s.stopped {
@@ -371,6 +439,7 @@ func (s *Server) teardown() {
 		close(s.stopCh)
 	}
 	s.loops.Wait()
+	s.peers.close()
 	s.ready.Store(false)
 	if s.raft != nil {
 		if err := s.raft.Shutdown().Error(); err != nil {
@@ -434,8 +503,9 @@ func (s *Server) leadershipLoop() {
 var becomeLeaderHook func() error
 
 // becomeLeader catches up the FSM, restarts every lease countdown at its
-// full TTL (late, never early), removes the queue entries of clients that
-// are not connected to this node, and opens for writes.
+// full TTL (a suspect grant at its logged time left; late, never early),
+// gives the queue entries of clients that are not connected to this node
+// their grace, and opens for writes.
 func (s *Server) becomeLeader() error {
 	if h := becomeLeaderHook; h != nil {
 		if err := h(); err != nil {
@@ -452,21 +522,10 @@ func (s *Server) becomeLeader() error {
 		return err
 	}
 	s.clock.restartAll()
-	var gone []keyOwner
-	for _, ko := range s.fsm.queued() {
-		if !s.waits.has(ko) {
-			gone = append(gone, ko)
-		}
-	}
-	for len(gone) > 0 {
-		n := min(len(gone), 1024)
-		if _, err := s.propose(&command{op: opPurge, pairs: gone[:n]}); err != nil {
-			return err
-		}
-		gone = gone[n:]
-	}
+	s.startGrace() // queue entries of clients not connected here: purged after their grace (grace.go)
 	s.ready.Store(true)
 	s.clock.poke()
+	s.pokeMembers() // register this leader's API address (memberLoop)
 	s.log.Info("dlockd: leader and ready", "node", s.cfg.NodeID)
 	return nil
 }
@@ -475,6 +534,9 @@ func (s *Server) becomeLeader() error {
 // countdown that runs out: an expiry (opExpire), the release of an unclaimed
 // handover (opUnclaimed), or the end of a lock-delay (opEndDelay). Each
 // carries the version its countdown ran for; the FSM ignores a stale one.
+// It also logs the grants that turn suspect, and their checkpoints
+// (opSuspect), and purges the queue entries whose grace ran out
+// (opPurgeIdle).
 func (s *Server) expireLoop() {
 	defer s.loops.Done()
 	timer := time.NewTimer(time.Hour)
@@ -482,10 +544,20 @@ func (s *Server) expireLoop() {
 	for {
 		wait := time.Hour
 		if s.ready.Load() {
-			fs, next := s.clock.takeExpired(time.Now(), 1024)
+			now := time.Now()
+			fs, next := s.clock.takeExpired(now, 1024)
+			term, gs, gnext := s.clock.takeGrace(now, 1024)
+			if len(gs) > 0 {
+				s.purgeIdle(term, gs)
+			}
 			if len(fs) > 0 {
 				s.proposeFired(fs)
+			}
+			if len(fs) > 0 || len(gs) > 0 {
 				continue
+			}
+			if next.IsZero() || (!gnext.IsZero() && gnext.Before(next)) {
+				next = gnext
 			}
 			if !next.IsZero() {
 				wait = max(time.Until(next), 0)
@@ -511,9 +583,12 @@ func (s *Server) expireLoop() {
 // back those whose entry failed, to be tried again.
 func (s *Server) proposeFired(fs []fired) {
 	var expired, unclaimed []expiry
+	var suspects []suspectMark
 	var failed []fired
 	for _, f := range fs {
 		switch f.kind {
+		case fireSuspect:
+			suspects = append(suspects, suspectMark{key: f.x.key, owner: f.x.owner, version: f.x.version, left: f.left})
 		case fireExpire:
 			expired = append(expired, f.x)
 		case fireUnclaimed:
@@ -529,6 +604,13 @@ func (s *Server) proposeFired(fs []fired) {
 			for _, x := range expired {
 				failed = append(failed, fired{kind: fireExpire, x: x})
 			}
+		}
+	}
+	if len(suspects) > 0 {
+		// A failed entry needs no retry: the grant stays suspect (its
+		// renewals go through the log), and its next checkpoint logs it.
+		if _, err := s.propose(&command{op: opSuspect, suspects: suspects}); err != nil {
+			s.log.Debug("dlockd: suspect entry not committed", "grants", len(suspects), "err", err)
 		}
 	}
 	if len(unclaimed) > 0 {
@@ -578,5 +660,3 @@ func newToken() string {
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
-
-var _ = dlockv1.File_dlock_v1_dlock_proto

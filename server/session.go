@@ -100,7 +100,16 @@ type sessionAnswer struct {
 const minCallWeight = 1024
 
 // Session implements dlockv1.LockServer: see the proto.
+//
+// A node that is not the leader ends the stream at once with NOT_LEADER and
+// the leader hint (streams are not forwarded; the client's unary calls
+// are): the client opens it again at the leader. On a stream opened at the
+// leader, a call made after it lost the leadership is answered NOT_LEADER
+// on its own.
 func (a *api) Session(stream dlockv1.Lock_SessionServer) error {
+	if err := a.s.writable(); err != nil {
+		return err
+	}
 	n := a.s.cfg.MaxInflightPerStream
 	ss := &sessionStream{
 		a: a, stream: stream, running: make(map[uint64]context.CancelFunc),

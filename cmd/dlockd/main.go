@@ -5,6 +5,17 @@
 // ./dlockd-data; clients reach it as dlockd://127.0.0.1:7450. SIGINT or
 // SIGTERM shut it down gracefully. See package server for the guarantees.
 //
+// A cluster of 3 or 5 voters starts with the same --initial-cluster on every
+// member's first start (restarts ignore it and use the data directory):
+//
+//	dlockd --node-id n1 --listen 127.0.0.1:7450 --raft-bind 127.0.0.1:7451 \
+//	  --initial-cluster n1=127.0.0.1:7451,n2=127.0.0.1:7461,n3=127.0.0.1:7471
+//
+// and a node joins a running cluster with --join HOST:PORT (any member's
+// API address). --advertise is the API address others use (default
+// --listen). Off loopback the Raft port speaks mutual TLS: --peer-cert,
+// --peer-key and --peer-ca are then required.
+//
 // Logs go to stderr in one format (--log-format text or json) at one level
 // (--log-level), Raft's included. dlockd --version prints the build (the
 // line of dlock version, naming dlockd); dlockd --help prints the flags. Exit status:
@@ -100,7 +111,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 		log.Error("dlockd: start failed", "err", err)
 		return 1
 	}
-	<-ctx.Done()
+	code := 0
+	select {
+	case <-ctx.Done():
+	case err := <-srv.Failed():
+		// This node cannot take part in the cluster (a member that lost its
+		// data directory, started again with --initial-cluster): say so and
+		// exit instead of running as a member that can never serve.
+		log.Error("dlockd: cannot take part in the cluster", "err", err)
+		code = 1
+	}
 	stop()
 	log.Info("dlockd: shutting down")
 	if err := srv.Close(); err != nil {
@@ -108,5 +128,5 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	log.Info("dlockd: stopped")
-	return 0
+	return code
 }

@@ -1718,6 +1718,566 @@ func (x *WatchEvent) GetReason() string {
 	return ""
 }
 
+type ClusterStatusRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// local: answer this node's own entry only, never forward.
+	Local         bool `protobuf:"varint,1,opt,name=local,proto3" json:"local,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterStatusRequest) Reset() {
+	*x = ClusterStatusRequest{}
+	mi := &file_dlock_v1_dlock_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterStatusRequest) ProtoMessage() {}
+
+func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dlock_v1_dlock_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterStatusRequest.ProtoReflect.Descriptor instead.
+func (*ClusterStatusRequest) Descriptor() ([]byte, []int) {
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ClusterStatusRequest) GetLocal() bool {
+	if x != nil {
+		return x.Local
+	}
+	return false
+}
+
+type MemberStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// api_addr is the API address (host:port) the member registered; empty
+	// until it has.
+	ApiAddr  string `protobuf:"bytes,2,opt,name=api_addr,json=apiAddr,proto3" json:"api_addr,omitempty"`
+	RaftAddr string `protobuf:"bytes,3,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
+	Voter    bool   `protobuf:"varint,4,opt,name=voter,proto3" json:"voter,omitempty"`
+	// leader: the member is the leader as the answering node knows it.
+	Leader bool `protobuf:"varint,5,opt,name=leader,proto3" json:"leader,omitempty"`
+	// applied_index is the last log index the member applied, as known
+	// (0: unknown, the member did not answer).
+	AppliedIndex uint64 `protobuf:"varint,6,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	// last_contact is how long ago the member last heard from the leader,
+	// as the member reported it (0 for the leader itself; unset: unknown).
+	LastContact *durationpb.Duration `protobuf:"bytes,7,opt,name=last_contact,json=lastContact,proto3" json:"last_contact,omitempty"`
+	// state is the member's Raft state as it reported it (Leader, Follower,
+	// Candidate, Shutdown), or empty when unknown.
+	State string `protobuf:"bytes,8,opt,name=state,proto3" json:"state,omitempty"`
+	// term is the member's current term as it reported it (0: unknown).
+	Term uint64 `protobuf:"varint,9,opt,name=term,proto3" json:"term,omitempty"`
+	// error says why the member's own state is unknown, if it is.
+	Error         string `protobuf:"bytes,10,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemberStatus) Reset() {
+	*x = MemberStatus{}
+	mi := &file_dlock_v1_dlock_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemberStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemberStatus) ProtoMessage() {}
+
+func (x *MemberStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_dlock_v1_dlock_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemberStatus.ProtoReflect.Descriptor instead.
+func (*MemberStatus) Descriptor() ([]byte, []int) {
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *MemberStatus) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *MemberStatus) GetApiAddr() string {
+	if x != nil {
+		return x.ApiAddr
+	}
+	return ""
+}
+
+func (x *MemberStatus) GetRaftAddr() string {
+	if x != nil {
+		return x.RaftAddr
+	}
+	return ""
+}
+
+func (x *MemberStatus) GetVoter() bool {
+	if x != nil {
+		return x.Voter
+	}
+	return false
+}
+
+func (x *MemberStatus) GetLeader() bool {
+	if x != nil {
+		return x.Leader
+	}
+	return false
+}
+
+func (x *MemberStatus) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
+	}
+	return 0
+}
+
+func (x *MemberStatus) GetLastContact() *durationpb.Duration {
+	if x != nil {
+		return x.LastContact
+	}
+	return nil
+}
+
+func (x *MemberStatus) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *MemberStatus) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *MemberStatus) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type ClusterStatusResponse struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Members   []*MemberStatus        `protobuf:"bytes,1,rep,name=members,proto3" json:"members,omitempty"`
+	LeaderId  string                 `protobuf:"bytes,2,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	LeaderApi string                 `protobuf:"bytes,3,opt,name=leader_api,json=leaderApi,proto3" json:"leader_api,omitempty"`
+	Term      uint64                 `protobuf:"varint,4,opt,name=term,proto3" json:"term,omitempty"`
+	// node_id is the answering node.
+	NodeId        string `protobuf:"bytes,5,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterStatusResponse) Reset() {
+	*x = ClusterStatusResponse{}
+	mi := &file_dlock_v1_dlock_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterStatusResponse) ProtoMessage() {}
+
+func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dlock_v1_dlock_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterStatusResponse.ProtoReflect.Descriptor instead.
+func (*ClusterStatusResponse) Descriptor() ([]byte, []int) {
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ClusterStatusResponse) GetMembers() []*MemberStatus {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *ClusterStatusResponse) GetLeaderId() string {
+	if x != nil {
+		return x.LeaderId
+	}
+	return ""
+}
+
+func (x *ClusterStatusResponse) GetLeaderApi() string {
+	if x != nil {
+		return x.LeaderApi
+	}
+	return ""
+}
+
+func (x *ClusterStatusResponse) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *ClusterStatusResponse) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+type AddVoterRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	RaftAddr string                 `protobuf:"bytes,2,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
+	ApiAddr  string                 `protobuf:"bytes,3,opt,name=api_addr,json=apiAddr,proto3" json:"api_addr,omitempty"`
+	// incarnation identifies the data directory of a joining node (random,
+	// kept in its stable store). Empty when an operator adds a member.
+	Incarnation string `protobuf:"bytes,4,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// check_only: check that the node may be added, change nothing (a
+	// joining node asks first, and opens its Raft port only then).
+	CheckOnly     bool `protobuf:"varint,5,opt,name=check_only,json=checkOnly,proto3" json:"check_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddVoterRequest) Reset() {
+	*x = AddVoterRequest{}
+	mi := &file_dlock_v1_dlock_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddVoterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddVoterRequest) ProtoMessage() {}
+
+func (x *AddVoterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dlock_v1_dlock_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddVoterRequest.ProtoReflect.Descriptor instead.
+func (*AddVoterRequest) Descriptor() ([]byte, []int) {
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *AddVoterRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *AddVoterRequest) GetRaftAddr() string {
+	if x != nil {
+		return x.RaftAddr
+	}
+	return ""
+}
+
+func (x *AddVoterRequest) GetApiAddr() string {
+	if x != nil {
+		return x.ApiAddr
+	}
+	return ""
+}
+
+func (x *AddVoterRequest) GetIncarnation() string {
+	if x != nil {
+		return x.Incarnation
+	}
+	return ""
+}
+
+func (x *AddVoterRequest) GetCheckOnly() bool {
+	if x != nil {
+		return x.CheckOnly
+	}
+	return false
+}
+
+type AddVoterResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// already_member: the node was a member already (the call recorded its
+	// API address at most).
+	AlreadyMember bool   `protobuf:"varint,1,opt,name=already_member,json=alreadyMember,proto3" json:"already_member,omitempty"`
+	Index         uint64 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddVoterResponse) Reset() {
+	*x = AddVoterResponse{}
+	mi := &file_dlock_v1_dlock_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddVoterResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddVoterResponse) ProtoMessage() {}
+
+func (x *AddVoterResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dlock_v1_dlock_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddVoterResponse.ProtoReflect.Descriptor instead.
+func (*AddVoterResponse) Descriptor() ([]byte, []int) {
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *AddVoterResponse) GetAlreadyMember() bool {
+	if x != nil {
+		return x.AlreadyMember
+	}
+	return false
+}
+
+func (x *AddVoterResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+type RemoveServerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveServerRequest) Reset() {
+	*x = RemoveServerRequest{}
+	mi := &file_dlock_v1_dlock_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveServerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveServerRequest) ProtoMessage() {}
+
+func (x *RemoveServerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dlock_v1_dlock_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveServerRequest.ProtoReflect.Descriptor instead.
+func (*RemoveServerRequest) Descriptor() ([]byte, []int) {
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *RemoveServerRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type RemoveServerResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         uint64                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveServerResponse) Reset() {
+	*x = RemoveServerResponse{}
+	mi := &file_dlock_v1_dlock_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveServerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveServerResponse) ProtoMessage() {}
+
+func (x *RemoveServerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dlock_v1_dlock_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveServerResponse.ProtoReflect.Descriptor instead.
+func (*RemoveServerResponse) Descriptor() ([]byte, []int) {
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *RemoveServerResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+type TransferLeaderRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id of the voter to transfer to; empty: any (the most up to date).
+	Id            string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransferLeaderRequest) Reset() {
+	*x = TransferLeaderRequest{}
+	mi := &file_dlock_v1_dlock_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferLeaderRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferLeaderRequest) ProtoMessage() {}
+
+func (x *TransferLeaderRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_dlock_v1_dlock_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferLeaderRequest.ProtoReflect.Descriptor instead.
+func (*TransferLeaderRequest) Descriptor() ([]byte, []int) {
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *TransferLeaderRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type TransferLeaderResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	LeaderId      string                 `protobuf:"bytes,1,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransferLeaderResponse) Reset() {
+	*x = TransferLeaderResponse{}
+	mi := &file_dlock_v1_dlock_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferLeaderResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferLeaderResponse) ProtoMessage() {}
+
+func (x *TransferLeaderResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_dlock_v1_dlock_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferLeaderResponse.ProtoReflect.Descriptor instead.
+func (*TransferLeaderResponse) Descriptor() ([]byte, []int) {
+	return file_dlock_v1_dlock_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *TransferLeaderResponse) GetLeaderId() string {
+	if x != nil {
+		return x.LeaderId
+	}
+	return ""
+}
+
 var File_dlock_v1_dlock_proto protoreflect.FileDescriptor
 
 const file_dlock_v1_dlock_proto_rawDesc = "" +
@@ -1836,7 +2396,46 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\x04Type\x12\x14\n" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\t\n" +
 	"\x05READY\x10\x01\x12\b\n" +
-	"\x04LOST\x10\x022\xd0\x05\n" +
+	"\x04LOST\x10\x02\",\n" +
+	"\x14ClusterStatusRequest\x12\x14\n" +
+	"\x05local\x18\x01 \x01(\bR\x05local\"\xa7\x02\n" +
+	"\fMemberStatus\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
+	"\bapi_addr\x18\x02 \x01(\tR\aapiAddr\x12\x1b\n" +
+	"\traft_addr\x18\x03 \x01(\tR\braftAddr\x12\x14\n" +
+	"\x05voter\x18\x04 \x01(\bR\x05voter\x12\x16\n" +
+	"\x06leader\x18\x05 \x01(\bR\x06leader\x12#\n" +
+	"\rapplied_index\x18\x06 \x01(\x04R\fappliedIndex\x12<\n" +
+	"\flast_contact\x18\a \x01(\v2\x19.google.protobuf.DurationR\vlastContact\x12\x14\n" +
+	"\x05state\x18\b \x01(\tR\x05state\x12\x12\n" +
+	"\x04term\x18\t \x01(\x04R\x04term\x12\x14\n" +
+	"\x05error\x18\n" +
+	" \x01(\tR\x05error\"\xb2\x01\n" +
+	"\x15ClusterStatusResponse\x120\n" +
+	"\amembers\x18\x01 \x03(\v2\x16.dlock.v1.MemberStatusR\amembers\x12\x1b\n" +
+	"\tleader_id\x18\x02 \x01(\tR\bleaderId\x12\x1d\n" +
+	"\n" +
+	"leader_api\x18\x03 \x01(\tR\tleaderApi\x12\x12\n" +
+	"\x04term\x18\x04 \x01(\x04R\x04term\x12\x17\n" +
+	"\anode_id\x18\x05 \x01(\tR\x06nodeId\"\x9a\x01\n" +
+	"\x0fAddVoterRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
+	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x19\n" +
+	"\bapi_addr\x18\x03 \x01(\tR\aapiAddr\x12 \n" +
+	"\vincarnation\x18\x04 \x01(\tR\vincarnation\x12\x1d\n" +
+	"\n" +
+	"check_only\x18\x05 \x01(\bR\tcheckOnly\"O\n" +
+	"\x10AddVoterResponse\x12%\n" +
+	"\x0ealready_member\x18\x01 \x01(\bR\ralreadyMember\x12\x14\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\"%\n" +
+	"\x13RemoveServerRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\",\n" +
+	"\x14RemoveServerResponse\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\"'\n" +
+	"\x15TransferLeaderRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"5\n" +
+	"\x16TransferLeaderResponse\x12\x1b\n" +
+	"\tleader_id\x18\x01 \x01(\tR\bleaderId2\xd0\x05\n" +
 	"\x04Lock\x12>\n" +
 	"\aAcquire\x12\x18.dlock.v1.AcquireRequest\x1a\x19.dlock.v1.AcquireResponse\x129\n" +
 	"\x04Wait\x12\x18.dlock.v1.AcquireRequest\x1a\x13.dlock.v1.WaitEvent(\x010\x01\x128\n" +
@@ -1850,7 +2449,12 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\x04List\x12\x15.dlock.v1.ListRequest\x1a\x16.dlock.v1.ListResponse\x127\n" +
 	"\x05Watch\x12\x16.dlock.v1.WatchRequest\x1a\x14.dlock.v1.WatchEvent0\x01\x12B\n" +
 	"\aSession\x12\x18.dlock.v1.SessionRequest\x1a\x19.dlock.v1.SessionResponse(\x010\x01\x12M\n" +
-	"\fForceRelease\x12\x1d.dlock.v1.ForceReleaseRequest\x1a\x1e.dlock.v1.ForceReleaseResponseB3Z1github.com/dlock-dev/dlock/proto/dlock/v1;dlockv1b\x06proto3"
+	"\fForceRelease\x12\x1d.dlock.v1.ForceReleaseRequest\x1a\x1e.dlock.v1.ForceReleaseResponse2\xbb\x02\n" +
+	"\aCluster\x12I\n" +
+	"\x06Status\x12\x1e.dlock.v1.ClusterStatusRequest\x1a\x1f.dlock.v1.ClusterStatusResponse\x12A\n" +
+	"\bAddVoter\x12\x19.dlock.v1.AddVoterRequest\x1a\x1a.dlock.v1.AddVoterResponse\x12M\n" +
+	"\fRemoveServer\x12\x1d.dlock.v1.RemoveServerRequest\x1a\x1e.dlock.v1.RemoveServerResponse\x12S\n" +
+	"\x0eTransferLeader\x12\x1f.dlock.v1.TransferLeaderRequest\x1a .dlock.v1.TransferLeaderResponseB3Z1github.com/dlock-dev/dlock/proto/dlock/v1;dlockv1b\x06proto3"
 
 var (
 	file_dlock_v1_dlock_proto_rawDescOnce sync.Once
@@ -1865,35 +2469,44 @@ func file_dlock_v1_dlock_proto_rawDescGZIP() []byte {
 }
 
 var file_dlock_v1_dlock_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_dlock_v1_dlock_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_dlock_v1_dlock_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_dlock_v1_dlock_proto_goTypes = []any{
-	(WaitEvent_Type)(0),          // 0: dlock.v1.WaitEvent.Type
-	(WatchEvent_Type)(0),         // 1: dlock.v1.WatchEvent.Type
-	(*SessionRequest)(nil),       // 2: dlock.v1.SessionRequest
-	(*SessionResponse)(nil),      // 3: dlock.v1.SessionResponse
-	(*AcquireRequest)(nil),       // 4: dlock.v1.AcquireRequest
-	(*AcquireResponse)(nil),      // 5: dlock.v1.AcquireResponse
-	(*WaitEvent)(nil),            // 6: dlock.v1.WaitEvent
-	(*RenewItem)(nil),            // 7: dlock.v1.RenewItem
-	(*RenewRequest)(nil),         // 8: dlock.v1.RenewRequest
-	(*RenewResult)(nil),          // 9: dlock.v1.RenewResult
-	(*RenewResponse)(nil),        // 10: dlock.v1.RenewResponse
-	(*ReleaseRequest)(nil),       // 11: dlock.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),      // 12: dlock.v1.ReleaseResponse
-	(*CancelWaitRequest)(nil),    // 13: dlock.v1.CancelWaitRequest
-	(*CancelWaitResponse)(nil),   // 14: dlock.v1.CancelWaitResponse
-	(*CheckFenceRequest)(nil),    // 15: dlock.v1.CheckFenceRequest
-	(*CheckFenceResponse)(nil),   // 16: dlock.v1.CheckFenceResponse
-	(*InspectRequest)(nil),       // 17: dlock.v1.InspectRequest
-	(*HolderInfo)(nil),           // 18: dlock.v1.HolderInfo
-	(*InspectResponse)(nil),      // 19: dlock.v1.InspectResponse
-	(*ListRequest)(nil),          // 20: dlock.v1.ListRequest
-	(*ListResponse)(nil),         // 21: dlock.v1.ListResponse
-	(*ForceReleaseRequest)(nil),  // 22: dlock.v1.ForceReleaseRequest
-	(*ForceReleaseResponse)(nil), // 23: dlock.v1.ForceReleaseResponse
-	(*WatchRequest)(nil),         // 24: dlock.v1.WatchRequest
-	(*WatchEvent)(nil),           // 25: dlock.v1.WatchEvent
-	(*durationpb.Duration)(nil),  // 26: google.protobuf.Duration
+	(WaitEvent_Type)(0),            // 0: dlock.v1.WaitEvent.Type
+	(WatchEvent_Type)(0),           // 1: dlock.v1.WatchEvent.Type
+	(*SessionRequest)(nil),         // 2: dlock.v1.SessionRequest
+	(*SessionResponse)(nil),        // 3: dlock.v1.SessionResponse
+	(*AcquireRequest)(nil),         // 4: dlock.v1.AcquireRequest
+	(*AcquireResponse)(nil),        // 5: dlock.v1.AcquireResponse
+	(*WaitEvent)(nil),              // 6: dlock.v1.WaitEvent
+	(*RenewItem)(nil),              // 7: dlock.v1.RenewItem
+	(*RenewRequest)(nil),           // 8: dlock.v1.RenewRequest
+	(*RenewResult)(nil),            // 9: dlock.v1.RenewResult
+	(*RenewResponse)(nil),          // 10: dlock.v1.RenewResponse
+	(*ReleaseRequest)(nil),         // 11: dlock.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),        // 12: dlock.v1.ReleaseResponse
+	(*CancelWaitRequest)(nil),      // 13: dlock.v1.CancelWaitRequest
+	(*CancelWaitResponse)(nil),     // 14: dlock.v1.CancelWaitResponse
+	(*CheckFenceRequest)(nil),      // 15: dlock.v1.CheckFenceRequest
+	(*CheckFenceResponse)(nil),     // 16: dlock.v1.CheckFenceResponse
+	(*InspectRequest)(nil),         // 17: dlock.v1.InspectRequest
+	(*HolderInfo)(nil),             // 18: dlock.v1.HolderInfo
+	(*InspectResponse)(nil),        // 19: dlock.v1.InspectResponse
+	(*ListRequest)(nil),            // 20: dlock.v1.ListRequest
+	(*ListResponse)(nil),           // 21: dlock.v1.ListResponse
+	(*ForceReleaseRequest)(nil),    // 22: dlock.v1.ForceReleaseRequest
+	(*ForceReleaseResponse)(nil),   // 23: dlock.v1.ForceReleaseResponse
+	(*WatchRequest)(nil),           // 24: dlock.v1.WatchRequest
+	(*WatchEvent)(nil),             // 25: dlock.v1.WatchEvent
+	(*ClusterStatusRequest)(nil),   // 26: dlock.v1.ClusterStatusRequest
+	(*MemberStatus)(nil),           // 27: dlock.v1.MemberStatus
+	(*ClusterStatusResponse)(nil),  // 28: dlock.v1.ClusterStatusResponse
+	(*AddVoterRequest)(nil),        // 29: dlock.v1.AddVoterRequest
+	(*AddVoterResponse)(nil),       // 30: dlock.v1.AddVoterResponse
+	(*RemoveServerRequest)(nil),    // 31: dlock.v1.RemoveServerRequest
+	(*RemoveServerResponse)(nil),   // 32: dlock.v1.RemoveServerResponse
+	(*TransferLeaderRequest)(nil),  // 33: dlock.v1.TransferLeaderRequest
+	(*TransferLeaderResponse)(nil), // 34: dlock.v1.TransferLeaderResponse
+	(*durationpb.Duration)(nil),    // 35: google.protobuf.Duration
 }
 var file_dlock_v1_dlock_proto_depIdxs = []int32{
 	4,  // 0: dlock.v1.SessionRequest.acquire:type_name -> dlock.v1.AcquireRequest
@@ -1902,49 +2515,59 @@ var file_dlock_v1_dlock_proto_depIdxs = []int32{
 	5,  // 3: dlock.v1.SessionResponse.acquire:type_name -> dlock.v1.AcquireResponse
 	12, // 4: dlock.v1.SessionResponse.release:type_name -> dlock.v1.ReleaseResponse
 	10, // 5: dlock.v1.SessionResponse.renew:type_name -> dlock.v1.RenewResponse
-	26, // 6: dlock.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
-	26, // 7: dlock.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
-	26, // 8: dlock.v1.AcquireResponse.ttl:type_name -> google.protobuf.Duration
-	26, // 9: dlock.v1.AcquireResponse.claim_within:type_name -> google.protobuf.Duration
+	35, // 6: dlock.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
+	35, // 7: dlock.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
+	35, // 8: dlock.v1.AcquireResponse.ttl:type_name -> google.protobuf.Duration
+	35, // 9: dlock.v1.AcquireResponse.claim_within:type_name -> google.protobuf.Duration
 	0,  // 10: dlock.v1.WaitEvent.type:type_name -> dlock.v1.WaitEvent.Type
 	5,  // 11: dlock.v1.WaitEvent.grant:type_name -> dlock.v1.AcquireResponse
-	26, // 12: dlock.v1.RenewItem.ttl:type_name -> google.protobuf.Duration
+	35, // 12: dlock.v1.RenewItem.ttl:type_name -> google.protobuf.Duration
 	7,  // 13: dlock.v1.RenewRequest.items:type_name -> dlock.v1.RenewItem
 	9,  // 14: dlock.v1.RenewResponse.results:type_name -> dlock.v1.RenewResult
-	26, // 15: dlock.v1.HolderInfo.ttl:type_name -> google.protobuf.Duration
-	26, // 16: dlock.v1.HolderInfo.remaining:type_name -> google.protobuf.Duration
+	35, // 15: dlock.v1.HolderInfo.ttl:type_name -> google.protobuf.Duration
+	35, // 16: dlock.v1.HolderInfo.remaining:type_name -> google.protobuf.Duration
 	18, // 17: dlock.v1.InspectResponse.info:type_name -> dlock.v1.HolderInfo
-	26, // 18: dlock.v1.InspectResponse.lock_delay_remaining:type_name -> google.protobuf.Duration
+	35, // 18: dlock.v1.InspectResponse.lock_delay_remaining:type_name -> google.protobuf.Duration
 	18, // 19: dlock.v1.ListResponse.holders:type_name -> dlock.v1.HolderInfo
 	18, // 20: dlock.v1.ForceReleaseResponse.removed:type_name -> dlock.v1.HolderInfo
 	1,  // 21: dlock.v1.WatchEvent.type:type_name -> dlock.v1.WatchEvent.Type
-	4,  // 22: dlock.v1.Lock.Acquire:input_type -> dlock.v1.AcquireRequest
-	4,  // 23: dlock.v1.Lock.Wait:input_type -> dlock.v1.AcquireRequest
-	8,  // 24: dlock.v1.Lock.Renew:input_type -> dlock.v1.RenewRequest
-	11, // 25: dlock.v1.Lock.Release:input_type -> dlock.v1.ReleaseRequest
-	13, // 26: dlock.v1.Lock.CancelWait:input_type -> dlock.v1.CancelWaitRequest
-	15, // 27: dlock.v1.Lock.CheckFence:input_type -> dlock.v1.CheckFenceRequest
-	17, // 28: dlock.v1.Lock.Inspect:input_type -> dlock.v1.InspectRequest
-	20, // 29: dlock.v1.Lock.List:input_type -> dlock.v1.ListRequest
-	24, // 30: dlock.v1.Lock.Watch:input_type -> dlock.v1.WatchRequest
-	2,  // 31: dlock.v1.Lock.Session:input_type -> dlock.v1.SessionRequest
-	22, // 32: dlock.v1.Lock.ForceRelease:input_type -> dlock.v1.ForceReleaseRequest
-	5,  // 33: dlock.v1.Lock.Acquire:output_type -> dlock.v1.AcquireResponse
-	6,  // 34: dlock.v1.Lock.Wait:output_type -> dlock.v1.WaitEvent
-	10, // 35: dlock.v1.Lock.Renew:output_type -> dlock.v1.RenewResponse
-	12, // 36: dlock.v1.Lock.Release:output_type -> dlock.v1.ReleaseResponse
-	14, // 37: dlock.v1.Lock.CancelWait:output_type -> dlock.v1.CancelWaitResponse
-	16, // 38: dlock.v1.Lock.CheckFence:output_type -> dlock.v1.CheckFenceResponse
-	19, // 39: dlock.v1.Lock.Inspect:output_type -> dlock.v1.InspectResponse
-	21, // 40: dlock.v1.Lock.List:output_type -> dlock.v1.ListResponse
-	25, // 41: dlock.v1.Lock.Watch:output_type -> dlock.v1.WatchEvent
-	3,  // 42: dlock.v1.Lock.Session:output_type -> dlock.v1.SessionResponse
-	23, // 43: dlock.v1.Lock.ForceRelease:output_type -> dlock.v1.ForceReleaseResponse
-	33, // [33:44] is the sub-list for method output_type
-	22, // [22:33] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	35, // 22: dlock.v1.MemberStatus.last_contact:type_name -> google.protobuf.Duration
+	27, // 23: dlock.v1.ClusterStatusResponse.members:type_name -> dlock.v1.MemberStatus
+	4,  // 24: dlock.v1.Lock.Acquire:input_type -> dlock.v1.AcquireRequest
+	4,  // 25: dlock.v1.Lock.Wait:input_type -> dlock.v1.AcquireRequest
+	8,  // 26: dlock.v1.Lock.Renew:input_type -> dlock.v1.RenewRequest
+	11, // 27: dlock.v1.Lock.Release:input_type -> dlock.v1.ReleaseRequest
+	13, // 28: dlock.v1.Lock.CancelWait:input_type -> dlock.v1.CancelWaitRequest
+	15, // 29: dlock.v1.Lock.CheckFence:input_type -> dlock.v1.CheckFenceRequest
+	17, // 30: dlock.v1.Lock.Inspect:input_type -> dlock.v1.InspectRequest
+	20, // 31: dlock.v1.Lock.List:input_type -> dlock.v1.ListRequest
+	24, // 32: dlock.v1.Lock.Watch:input_type -> dlock.v1.WatchRequest
+	2,  // 33: dlock.v1.Lock.Session:input_type -> dlock.v1.SessionRequest
+	22, // 34: dlock.v1.Lock.ForceRelease:input_type -> dlock.v1.ForceReleaseRequest
+	26, // 35: dlock.v1.Cluster.Status:input_type -> dlock.v1.ClusterStatusRequest
+	29, // 36: dlock.v1.Cluster.AddVoter:input_type -> dlock.v1.AddVoterRequest
+	31, // 37: dlock.v1.Cluster.RemoveServer:input_type -> dlock.v1.RemoveServerRequest
+	33, // 38: dlock.v1.Cluster.TransferLeader:input_type -> dlock.v1.TransferLeaderRequest
+	5,  // 39: dlock.v1.Lock.Acquire:output_type -> dlock.v1.AcquireResponse
+	6,  // 40: dlock.v1.Lock.Wait:output_type -> dlock.v1.WaitEvent
+	10, // 41: dlock.v1.Lock.Renew:output_type -> dlock.v1.RenewResponse
+	12, // 42: dlock.v1.Lock.Release:output_type -> dlock.v1.ReleaseResponse
+	14, // 43: dlock.v1.Lock.CancelWait:output_type -> dlock.v1.CancelWaitResponse
+	16, // 44: dlock.v1.Lock.CheckFence:output_type -> dlock.v1.CheckFenceResponse
+	19, // 45: dlock.v1.Lock.Inspect:output_type -> dlock.v1.InspectResponse
+	21, // 46: dlock.v1.Lock.List:output_type -> dlock.v1.ListResponse
+	25, // 47: dlock.v1.Lock.Watch:output_type -> dlock.v1.WatchEvent
+	3,  // 48: dlock.v1.Lock.Session:output_type -> dlock.v1.SessionResponse
+	23, // 49: dlock.v1.Lock.ForceRelease:output_type -> dlock.v1.ForceReleaseResponse
+	28, // 50: dlock.v1.Cluster.Status:output_type -> dlock.v1.ClusterStatusResponse
+	30, // 51: dlock.v1.Cluster.AddVoter:output_type -> dlock.v1.AddVoterResponse
+	32, // 52: dlock.v1.Cluster.RemoveServer:output_type -> dlock.v1.RemoveServerResponse
+	34, // 53: dlock.v1.Cluster.TransferLeader:output_type -> dlock.v1.TransferLeaderResponse
+	39, // [39:54] is the sub-list for method output_type
+	24, // [24:39] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_dlock_v1_dlock_proto_init() }
@@ -1969,9 +2592,9 @@ func file_dlock_v1_dlock_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dlock_v1_dlock_proto_rawDesc), len(file_dlock_v1_dlock_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   24,
+			NumMessages:   33,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   2,
 		},
 		GoTypes:           file_dlock_v1_dlock_proto_goTypes,
 		DependencyIndexes: file_dlock_v1_dlock_proto_depIdxs,
