@@ -25,7 +25,11 @@ func (d *Driver) CheckFence(ctx context.Context, key string, fence uint64) (bool
 	if d.isClosed() {
 		return false, driver.ErrClosed
 	}
-	resp, err := d.client.CheckFence(ctx, &dlockv1.CheckFenceRequest{Key: key, Fence: fence})
+	var resp *dlockv1.CheckFenceResponse
+	_, err := d.call(ctx, callOpts{}, func(ctx context.Context, c dlockv1.LockClient) (err error) {
+		resp, err = c.CheckFence(ctx, &dlockv1.CheckFenceRequest{Key: key, Fence: fence})
+		return err
+	})
 	if err != nil {
 		return false, mapErr(ctx, "check fence", key, err)
 	}
@@ -43,7 +47,11 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, er
 	if d.isClosed() {
 		return driver.HolderInfo{}, driver.ErrClosed
 	}
-	resp, err := d.client.Inspect(ctx, &dlockv1.InspectRequest{Key: key})
+	var resp *dlockv1.InspectResponse
+	_, err := d.call(ctx, callOpts{}, func(ctx context.Context, c dlockv1.LockClient) (err error) {
+		resp, err = c.Inspect(ctx, &dlockv1.InspectRequest{Key: key})
+		return err
+	})
 	if err != nil {
 		return driver.HolderInfo{}, mapErr(ctx, "inspect", key, err)
 	}
@@ -76,7 +84,11 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]driver.HolderInfo, 
 	var out []driver.HolderInfo
 	token := ""
 	for {
-		resp, err := d.client.List(ctx, &dlockv1.ListRequest{Prefix: prefix, Limit: d.pageSize, PageToken: token})
+		var resp *dlockv1.ListResponse
+		_, err := d.call(ctx, callOpts{}, func(ctx context.Context, c dlockv1.LockClient) (err error) {
+			resp, err = c.List(ctx, &dlockv1.ListRequest{Prefix: prefix, Limit: d.pageSize, PageToken: token})
+			return err
+		})
 		if err != nil {
 			return nil, mapErr(ctx, "list", prefix, err)
 		}
@@ -110,7 +122,9 @@ func holderInfo(h *dlockv1.HolderInfo) driver.HolderInfo {
 // matching driver.ErrNotAcquired when key is free, driver.ErrInvalidKey for
 // a key the server refuses, errors.ErrUnsupported from a dlockd older than
 // the RPC, a plain error when reason is empty, and the connection's error
-// otherwise (dlock.ErrUnavailable at the root).
+// otherwise (dlock.ErrUnavailable at the root). It is never retried by the
+// driver (a repeat could remove the grant the key was handed to next): on a
+// leader change it fails, and the operator asks again.
 func (d *Driver) ForceRelease(ctx context.Context, key, reason string) (driver.HolderInfo, error) {
 	if err := driver.CheckKey(key); err != nil {
 		return driver.HolderInfo{}, fmt.Errorf("dlockd: forcerelease: %w", err)
@@ -121,7 +135,14 @@ func (d *Driver) ForceRelease(ctx context.Context, key, reason string) (driver.H
 	if strings.TrimSpace(reason) == "" {
 		return driver.HolderInfo{}, fmt.Errorf("dlockd: force-release %q: a reason is required", key)
 	}
-	resp, err := d.client.ForceRelease(ctx, &dlockv1.ForceReleaseRequest{Key: key, Reason: reason})
+	// Not idempotent: a repeat after an attempt whose answer was lost
+	// could remove the next holder's grant. One attempt; a NOT_LEADER hint
+	// only moves the next call (a follower forwards it to the leader).
+	var resp *dlockv1.ForceReleaseResponse
+	_, err := d.call(ctx, callOpts{once: true}, func(ctx context.Context, c dlockv1.LockClient) (err error) {
+		resp, err = c.ForceRelease(ctx, &dlockv1.ForceReleaseRequest{Key: key, Reason: reason})
+		return err
+	})
 	switch status.Code(err) {
 	case codes.NotFound: // NOT_HELD: the only NOT_FOUND of this RPC
 		return driver.HolderInfo{}, fmt.Errorf("dlockd: force-release %q: the key is free: %w", key, driver.ErrNotAcquired)

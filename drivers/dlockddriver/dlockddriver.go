@@ -6,14 +6,17 @@
 //
 // # URL
 //
-// dlockd://host:port?lock_delay=DURATION. Both the host and the port must
-// be given (dlockd's usual port is DefaultPort, 7450): an empty host or port
-// is a configuration error at Open, never a default, so that
-// dlockd://$LOCKHOST:7450 with LOCKHOST unset cannot make every machine lock
-// against a dlockd of its own. lock_delay (a Go duration such as 2s; see
-// Options.LockDelay) is sent with every acquisition; absent or 0 means the
-// server's default. Any other parameter, or a lock_delay that is negative
-// or not a duration, is a configuration error at Open.
+// dlockd://host:port[,host:port…]?lock_delay=DURATION: the API addresses
+// of one dlockd or of the members of a dlockd cluster (any subset: the
+// Driver learns the others from the servers' leader hints). Every member
+// needs both its host and its port (dlockd's usual port is DefaultPort,
+// 7450): an empty host, port or list entry is a configuration error at
+// Open, never a default, so that dlockd://$LOCKHOST:7450 with LOCKHOST
+// unset cannot make every machine lock against a dlockd of its own; a
+// member named twice is an error too. lock_delay (a Go duration such as
+// 2s; see Options.LockDelay) is sent with every acquisition; absent or 0
+// means the server's default. Any other parameter, or a lock_delay that is
+// negative or not a duration, is a configuration error at Open.
 //
 // # Capabilities
 //
@@ -26,7 +29,9 @@
 //     before it returns, and queues again if the window passed. When the
 //     caller's context ends, Wait cancels on the same stream and returns only
 //     after the server has removed the queue entry (or released a grant that
-//     raced the cancellation), bounded by Options.CleanupTimeout.
+//     raced the cancellation), bounded by Options.CleanupTimeout; a wait
+//     that moved between members, or whose stream's node may not lead, is
+//     also cancelled with CancelWait on the leader.
 //   - driver.Inspector: Inspect and List, linearizable reads on the leader;
 //     List follows the server's pages until the last.
 //   - driver.ForceReleaser: ForceRelease removes a grant whoever holds it,
@@ -39,9 +44,103 @@
 //     renewals and the validity deadline instead.
 //
 // TryAcquire, Release and Renew travel on one Session stream per Driver,
-// shared by all its calls (one message each way per call); while the stream
-// is not open (at start, after a failure, or with an older server) they use
-// the unary RPCs. Options.NoSession forces unary RPCs.
+// open on the leader and shared by all its calls (one message each way per
+// call); while the stream is not open (at start, after a failure or a
+// leader change, or with an older server), or when it fails a call (it
+// broke, or its node answers NOT_LEADER), they use the unary RPCs, which
+// follow the leader. Options.NoSession forces unary RPCs.
+//
+// # Clusters: following the leader
+//
+// The Driver keeps one gRPC connection per member (made on first use) and
+// a belief of which member leads, first the URL's first member. Every call
+// goes to the believed leader:
+//
+//   - A node that is not the leader answers NOT_LEADER with a hint, the
+//     leader's API address (an errdetails.ErrorInfo detail, Reason
+//     NOT_LEADER, Metadata leader_api); the Driver moves its belief there
+//     and sends the call again at once (an address not in the URL becomes a
+//     member, at most 16 such). A follower may also forward a unary call to
+//     the leader itself and return its answer: that is fine for the call,
+//     and the Session loop still moves the Driver to the leader.
+//   - A hint naming no one (an election is running) or the answering node
+//     itself (a new leader still catching up): the next member, after a
+//     short jittered pause (20 ms doubling to 400 ms, full jitter).
+//   - A connection failure, or SHUTTING_DOWN: the next member at once
+//     (after a whole round of members has failed, a pause). With more than
+//     one member an attempt gets at most half the call's remaining time
+//     (at least 250 ms), so that a frozen leader leaves time to ask another
+//     member; a member that did not answer in time loses the belief.
+//
+// A call keeps trying until its context ends (a context without a deadline:
+// for 10 s), then returns its last attempt's error. A Driver that knows one
+// member only (a single dlockd, and no hint named another) makes one
+// attempt per call as a plain gRPC call would (its streams wait for the
+// connection): a single node that is down is reported at once, and the
+// root package retries by its own rules. The Session loop finds
+// the leader (an empty renewal sent with the dlock-forwarded mark, which a
+// follower answers itself: only a leader that a quorum follows confirms
+// it), opens the Session stream there, reopens it when the belief moves or
+// the stream breaks, and probes its node every 2 s (every 250 ms while a
+// Wait is queued). The Watch stream may be served by any member; it is
+// opened on the believed leader, moved when the belief moves (the new
+// stream is open before the old closes), and reopened after a break.
+//
+// # Retries and why they are safe
+//
+// A retried call may follow an attempt that took effect on the server but
+// whose answer was lost (the connection broke, or a deposed leader
+// answered NOT_LEADER after proposing). The driver retries only calls the
+// server treats idempotently:
+//
+//   - Acquire (try): a repeat by the holder's owner token answers the same
+//     grant (same fence), renewed to the requested TTL.
+//   - Wait: the same owner token re-attaches to its queue entry (QUEUED
+//     with its position), or is answered the grant if the key was handed
+//     to it meanwhile; DUPLICATE_WAIT on a re-send (the node still runs the
+//     previous stream's handler) is retried after a pause.
+//   - Renew, CancelWait, Inspect, List, CheckFence: repeating changes
+//     nothing more.
+//   - Release: a repeat after a release that took effect answers
+//     LEASE_LOST. Release reports that case as released (nil): see Release
+//     for why, and for the one case it misreports.
+//   - ForceRelease is not idempotent (a repeat could remove the grant the
+//     key was handed to next) and is never retried, except when gRPC could
+//     not connect at all (nothing was sent).
+//
+// # What a client sees during an election
+//
+// While no member leads (the old leader died or was cut off and the others
+// have not yet elected one: about one Raft election timeout, 1 s by
+// default, after the old leader's last heartbeat), every call of a Driver
+// that knows several members is retried by the driver as above until its
+// context ends:
+//
+//   - If a new leader is elected and reachable before then, the call
+//     succeeds, late by the election; nothing else is visible.
+//   - Otherwise the call returns a plain error (its last attempt's:
+//     NOT_LEADER, or the connection's failure) when its context ends. The
+//     root package's calls pass a context bounded by the op timeout
+//     (dlock.WithOpTimeout, 5 s by default), so they return
+//     dlock.ErrUnavailable after the op timeout.
+//   - The root package then retries by its own rules: a waiting Acquire
+//     retries store errors until its context ends (dlock.WithRetryFor, by
+//     default no limit), so a waiting `dlock run` rides through elections
+//     and restarts unless a retry budget is set; TryAcquire makes one attempt; the heartbeat retries a failed
+//     renewal with jittered backoff until the lease's validity deadline, so
+//     a lease survives a leader change when the new leader is elected and
+//     reachable within its remaining validity (the new leader restarts the
+//     countdown, see package server); a Release that fails leaves the grant
+//     to expire by its TTL.
+//   - A queued Wait is not failed by a leader change: it re-attaches to the
+//     new leader with the same owner token within the server's grace (the
+//     waiter's TTL) and keeps its place; only its context's end, a refusal
+//     by the server, or contact lost for longer than max(TTL, op timeout)
+//     end it (the last is dlock.ErrUnavailable at the root, which then
+//     queues again, at the back).
+//   - The Session and Watch streams reconnect by themselves; a loss pushed
+//     while the Watch stream was down is found by the next renewal or the
+//     validity deadline instead.
 //
 // Beyond the driver interfaces, Driver has RenewBatch (many grants in one
 // request) and CheckFence (Chubby's sequencer check: is fence F the current
@@ -55,8 +154,9 @@
 // server). A grant lost without a release keeps its key from everyone for
 // the lock-delay, so that a paused holder's in-flight writes land before
 // the next holder starts (Chubby's lock-delay); fencing at the resource is
-// still the real protection. Connection failures are returned as plain
-// errors; the root package reports them as dlock.ErrUnavailable.
+// still the real protection. Connection failures and NOT_LEADER answers are
+// returned as plain errors (after the failover above); the root package
+// reports them as dlock.ErrUnavailable.
 package dlockddriver
 
 import (
@@ -99,8 +199,9 @@ func init() {
 
 // Options configure a Driver. A nil *Options means all defaults.
 type Options struct {
-	// DialOptions are added to the gRPC dial options (after the defaults:
-	// insecure credentials and a reconnect backoff capped at 1s).
+	// DialOptions are added to the gRPC dial options of every member's
+	// connection, including members learned from leader hints (after the
+	// defaults: insecure credentials and a reconnect backoff capped at 1s).
 	DialOptions []grpc.DialOption
 	// CleanupTimeout bounds the cleanup Wait does after its context ended
 	// (cancelling the queue entry, releasing a raced grant). Zero: 5s.
@@ -137,8 +238,7 @@ func (o *Options) check() error {
 // Driver is a dlockd client. It is safe for concurrent use. Two Drivers are
 // two independent clients.
 type Driver struct {
-	cc        *grpc.ClientConn // owned; nil when built on a caller's connection
-	client    dlockv1.LockClient
+	cl        *cluster // the members, their connections, the believed leader
 	session   string
 	cleanup   time.Duration
 	lockDelay time.Duration
@@ -153,9 +253,12 @@ type Driver struct {
 
 	watchCtx    context.Context
 	watchCancel context.CancelFunc
-	watchWG     sync.WaitGroup // the Watch and Session loops
+	watchWG     sync.WaitGroup // the Watch and Session loops, background cleanups
 
-	calls atomic.Pointer[callStream] // the Session stream; nil: use unary RPCs
+	calls       atomic.Pointer[callStream] // the Session stream; nil: use unary RPCs
+	noSession   bool                       // no Session loop (Options.NoSession)
+	waiting     atomic.Int32               // Waits queued now (the Session loop probes the leader more often)
+	waitStarted chan struct{}              // poked (never blocking) when a Wait starts
 }
 
 var (
@@ -168,13 +271,14 @@ var (
 // urlParams are the query parameters Open understands.
 var urlParams = []string{"lock_delay"}
 
-// Open opens a Driver for a dlockd://host:port[?lock_delay=DURATION] URL
-// (see the package documentation). The connection is made lazily: Open
-// does not fail when the server is down. It returns an error matching
-// driver.ErrInvalidArgument (never driver.ErrUnavailable) for another
-// scheme, an empty host, a missing or empty port, a port outside 1..65535,
-// more than one host, a user or path, an unknown query parameter,
-// or a lock_delay that is not a duration or is negative.
+// Open opens a Driver for a dlockd://host:port[,host:port…][?lock_delay=DURATION]
+// URL (see the package documentation). The connections are made lazily:
+// Open does not fail when the servers are down. It returns an error
+// matching driver.ErrInvalidArgument (never driver.ErrUnavailable) for
+// another scheme, an empty host list or entry, a member without a host or a
+// port, a port outside 1..65535, a member named twice, a user or path, an
+// unknown query parameter, or a lock_delay that is not a duration or is
+// negative.
 func Open(ctx context.Context, u *url.URL) (*Driver, error) {
 	if u.Scheme != Scheme {
 		return nil, urlparam.Invalid("dlockd: URL scheme %q, want %q", u.Scheme, Scheme)
@@ -191,27 +295,52 @@ func Open(ctx context.Context, u *url.URL) (*Driver, error) {
 		}
 		opts.LockDelay = d
 	}
-	if strings.Contains(u.Host, ",") {
-		return nil, urlparam.Invalid("dlockd: URL host %q names more than one server; name one", u.Host)
-	}
-	if err := urlparam.Addrs("dlockd", u.Host, "dlockd://HOST:PORT", true); err != nil {
+	if _, err := parseMembers(u.Host, "dlockd://HOST:PORT[,HOST:PORT...]"); err != nil {
 		return nil, err
 	}
 	if u.User != nil || (u.Path != "" && u.Path != "/") {
-		return nil, urlparam.Invalid("dlockd: URL %q: want dlockd://host:port[?lock_delay=DURATION], without user or path", u.Redacted())
+		return nil, urlparam.Invalid("dlockd: URL %q: want dlockd://host:port[,host:port...][?lock_delay=DURATION], without user or path", u.Redacted())
 	}
 	return Dial(u.Host, opts)
 }
 
-// Dial opens a Driver on the dlockd at target (host:port) with its own gRPC
-// connection, which Close closes. It returns an error for invalid opts or
-// a target gRPC refuses, and an error matching driver.ErrInvalidArgument
-// for a target without a host or a port; it does not connect yet.
+// parseMembers splits a comma-separated list of host:port API addresses
+// and checks it strictly: at least one, none empty, each with a host and a
+// port in 1..65535, none named twice (compared as written, after trimming
+// spaces). shape is the form shown in errors. Every error matches
+// driver.ErrInvalidArgument.
+func parseMembers(list, shape string) ([]string, error) {
+	if err := urlparam.Addrs("dlockd", list, shape, true); err != nil {
+		return nil, err
+	}
+	addrs := urlparam.Hosts(list)
+	seen := make(map[string]bool, len(addrs))
+	for _, a := range addrs {
+		if seen[a] {
+			return nil, urlparam.Invalid("dlockd: member %q is named twice in %q (want %s)", a, list, shape)
+		}
+		seen[a] = true
+	}
+	return addrs, nil
+}
+
+// Dial opens a Driver on the dlockd cluster whose members' API addresses
+// target lists (host:port, or several separated by commas), with one gRPC
+// connection per member, made on first use, which Close closes. Calls go to
+// the member believed to lead; see the package documentation for how the
+// Driver follows the leader. It returns an error for invalid opts, and an
+// error matching driver.ErrInvalidArgument for a target with an empty
+// entry, a member without a host or a port, or a member named twice; it
+// does not connect yet.
 func Dial(target string, opts *Options) (*Driver, error) {
 	if opts == nil {
 		opts = &Options{}
 	}
 	if err := opts.check(); err != nil {
+		return nil, err
+	}
+	addrs, err := parseMembers(target, "HOST:PORT[,HOST:PORT...]")
+	if err != nil {
 		return nil, err
 	}
 	dopts := []grpc.DialOption{
@@ -227,36 +356,38 @@ func Dial(target string, opts *Options) (*Driver, error) {
 		grpc.WithInitialWindowSize(1 << 20),
 		grpc.WithInitialConnWindowSize(1 << 20),
 	}
-	if err := urlparam.Addrs("dlockd", target, "HOST:PORT", true); err != nil {
-		return nil, err
-	}
-	cc, err := grpc.NewClient("passthrough:///"+target, append(dopts, opts.DialOptions...)...)
+	dopts = append(dopts, opts.DialOptions...)
+	// Check the options once, as grpc.NewClient would on first use.
+	cc, err := grpc.NewClient("passthrough:///"+addrs[0], dopts...)
 	if err != nil {
-		return nil, urlparam.Wrap("dlockd: dial "+target, err)
+		return nil, urlparam.Wrap("dlockd: dial "+addrs[0], err)
 	}
-	d := newDriver(cc, opts)
-	d.cc = cc
-	return d, nil
+	_ = cc.Close()
+	return newDriver(newCluster(addrs, dopts), opts), nil
 }
 
 // New returns a Driver over a connection the caller owns and closes; Close
-// does not close it.
+// does not close it. The Driver knows one member, the connection's: it
+// does not follow leader hints to other addresses (it could not dial them
+// as the caller does), so a NOT_LEADER answer is returned as a plain error.
 func New(cc grpc.ClientConnInterface, opts *Options) *Driver {
 	if opts == nil {
 		opts = &Options{}
 	}
-	return newDriver(cc, opts)
+	return newDriver(newFixedCluster(cc), opts)
 }
 
-func newDriver(cc grpc.ClientConnInterface, opts *Options) *Driver {
+func newDriver(cl *cluster, opts *Options) *Driver {
 	d := &Driver{
-		client:    dlockv1.NewLockClient(cc),
-		session:   newSession(),
-		cleanup:   opts.CleanupTimeout,
-		lockDelay: max(opts.LockDelay, 0),
-		noWatch:   opts.NoWatch,
-		lost:      make(map[grantKey]lostEntry),
-		reasons:   make(map[grantKey]string),
+		cl:          cl,
+		session:     newSession(),
+		cleanup:     opts.CleanupTimeout,
+		lockDelay:   max(opts.LockDelay, 0),
+		noWatch:     opts.NoWatch,
+		noSession:   opts.NoSession,
+		lost:        make(map[grantKey]lostEntry),
+		waitStarted: make(chan struct{}, 1),
+		reasons:     make(map[grantKey]string),
 	}
 	if opts.ListPageSize > 0 && int64(opts.ListPageSize) <= math.MaxUint32 {
 		d.pageSize = uint32(opts.ListPageSize)
@@ -276,13 +407,36 @@ func newDriver(cc grpc.ClientConnInterface, opts *Options) *Driver {
 	return d
 }
 
+// Members returns the API addresses of the members the Driver knows: the
+// URL's, in its order, then those learned from leader hints. It is empty
+// for a Driver made by New.
+func (d *Driver) Members() []string {
+	d.cl.mu.Lock()
+	defer d.cl.mu.Unlock()
+	var out []string
+	for _, m := range d.cl.members {
+		if m.addr != "" {
+			out = append(out, m.addr)
+		}
+	}
+	return out
+}
+
+// Leader returns the API address of the member the Driver believes leads
+// ("" for a Driver made by New). The belief follows the servers' hints and
+// the Driver's probes; it may be stale.
+func (d *Driver) Leader() string {
+	m, _ := d.cl.current()
+	return m.addr
+}
+
 // Session returns the client session ID this Driver's grants are made
 // under.
 func (d *Driver) Session() string { return d.session }
 
-// Close stops the Watch stream and closes the connection if Dial made it.
-// Grants are not released: the server expires them. Closing twice returns
-// nil.
+// Close stops the Watch and Session streams and closes the connections Dial
+// made. Grants are not released: the server expires them. Closing twice
+// returns nil.
 func (d *Driver) Close() error {
 	d.mu.Lock()
 	if d.closed {
@@ -293,10 +447,7 @@ func (d *Driver) Close() error {
 	d.mu.Unlock()
 	d.watchCancel()
 	d.watchWG.Wait()
-	if d.cc != nil {
-		return d.cc.Close()
-	}
-	return nil
+	return d.cl.close()
 }
 
 func (d *Driver) isClosed() bool {
@@ -305,7 +456,9 @@ func (d *Driver) isClosed() bool {
 	return d.closed
 }
 
-// TryAcquire implements driver.Driver.
+// TryAcquire implements driver.Driver. A retry (after a leader change or a
+// lost answer) is safe: the server answers a repeat by the holder's owner
+// token with the same grant, renewed.
 func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
 	if d.isClosed() {
 		return driver.Grant{}, driver.ErrClosed
@@ -314,14 +467,18 @@ func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (dri
 		return driver.Grant{}, fmt.Errorf("dlockd: acquire: %w", err)
 	}
 	areq := d.acquireReq(req, false)
-	sresp, err := d.invoke(ctx, &dlockv1.SessionRequest{Call: &dlockv1.SessionRequest_Acquire{Acquire: areq}})
-	if err == nil {
+	sresp, fallback, _, err := d.invoke(ctx, &dlockv1.SessionRequest{Call: &dlockv1.SessionRequest_Acquire{Acquire: areq}})
+	if !fallback {
+		if err != nil {
+			return driver.Grant{}, mapErr(ctx, "acquire", req.Key, err)
+		}
 		return d.grant(req, sresp.GetAcquire().GetFence()), nil
 	}
-	if err != errNoStream {
-		return driver.Grant{}, mapErr(ctx, "acquire", req.Key, err)
-	}
-	resp, err := d.client.Acquire(ctx, areq)
+	var resp *dlockv1.AcquireResponse
+	_, err = d.call(ctx, callOpts{}, func(ctx context.Context, c dlockv1.LockClient) (err error) {
+		resp, err = c.Acquire(ctx, areq)
+		return err
+	})
 	if err != nil {
 		return driver.Grant{}, mapErr(ctx, "acquire", req.Key, err)
 	}
@@ -377,11 +534,15 @@ func (d *Driver) RenewBatch(ctx context.Context, items []RenewItem) ([]error, er
 		}
 	}
 	var resp *dlockv1.RenewResponse
-	sresp, err := d.invoke(ctx, &dlockv1.SessionRequest{Call: &dlockv1.SessionRequest_Renew{Renew: req}})
-	if err == nil {
+	sresp, fallback, _, err := d.invoke(ctx, &dlockv1.SessionRequest{Call: &dlockv1.SessionRequest_Renew{Renew: req}})
+	if err == nil && !fallback {
 		resp = sresp.GetRenew()
-	} else if err == errNoStream {
-		resp, err = d.client.Renew(ctx, req)
+	} else if fallback {
+		// Renewals are idempotent: a retry renews again.
+		_, err = d.call(ctx, callOpts{}, func(ctx context.Context, c dlockv1.LockClient) (err error) {
+			resp, err = c.Renew(ctx, req)
+			return err
+		})
 	}
 	if err != nil {
 		key := ""
@@ -423,6 +584,22 @@ func (d *Driver) leaseLost(key, owner string) error {
 }
 
 // Release implements driver.Driver.
+//
+// A release retried after an attempt whose outcome is unknown (its answer
+// was lost with a connection or a leader change, or a stale leader answered
+// NOT_LEADER after proposing it) may find the key no longer held by the
+// owner token because that earlier attempt released it. Such an answer
+// (LEASE_LOST after a retry) is reported as a success, unless the Watch
+// stream told this Driver that the server ended the grant (expiry, force
+// release), which is then reported as driver.ErrLeaseLost with the reason.
+// The reasoning: a caller releases within its validity deadline, before
+// which the server never expires the grant (the server's countdown starts
+// after the client's and a new leader restarts it), and a force release is
+// pushed on the Watch stream; so within validity, "not held" after an
+// ambiguous attempt means that attempt took effect. The one miss is a force
+// release whose push was lost while the Watch stream was reconnecting,
+// reported as released. A release answered LEASE_LOST at its first attempt
+// is always driver.ErrLeaseLost.
 func (d *Driver) Release(ctx context.Context, key, owner string) error {
 	if d.isClosed() {
 		return driver.ErrClosed
@@ -431,14 +608,24 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 		return fmt.Errorf("dlockd: release: %w", err)
 	}
 	rreq := &dlockv1.ReleaseRequest{Key: key, Owner: owner}
-	_, err := d.invoke(ctx, &dlockv1.SessionRequest{Call: &dlockv1.SessionRequest_Release{Release: rreq}})
-	if err == errNoStream {
-		_, err = d.client.Release(ctx, rreq)
+	_, fallback, sent, err := d.invoke(ctx, &dlockv1.SessionRequest{Call: &dlockv1.SessionRequest_Release{Release: rreq}})
+	retried := false
+	if fallback {
+		var res callResult
+		res, err = d.call(ctx, callOpts{}, func(ctx context.Context, c dlockv1.LockClient) error {
+			_, err := c.Release(ctx, rreq)
+			return err
+		})
+		retried = sent || res.retried
 	}
 	if err != nil {
 		err = mapErr(ctx, "release", key, err)
 		if errors.Is(err, driver.ErrLeaseLost) {
+			why := d.lossReason(key, owner)
 			d.forget(key, owner)
+			if retried && why == "" {
+				return nil // an earlier attempt released it: see above
+			}
 			return d.leaseLost(key, owner) // the root package adds the operation, key and store
 		}
 		return err

@@ -23,8 +23,9 @@ func owner(i int, tag string) string { return fmt.Sprintf("owner-%s-%08d-0123456
 // TestDurability_Kill9 holds leases, queues waiters and keeps acquiring
 // while dlockd (fsync on) is killed with SIGKILL, then restarts it on the
 // same data: every acknowledged grant is still held with its fence and can
-// be renewed, nothing is granted twice, the queues of the dead connections
-// are gone, and every fence issued afterwards is greater than every fence
+// be renewed, nothing is granted twice, the waiters keep their queue places
+// across the restart (the driver re-attaches them) and leave nothing when
+// cancelled, and every fence issued afterwards is greater than every fence
 // issued before.
 func TestDurability_Kill9(t *testing.T) {
 	p := servertest.StartProcess(t)
@@ -70,14 +71,18 @@ func TestDurability_Kill9(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Waiters queued behind held keys, from another client.
+	// Waiters queued behind held keys, from another client. They ride
+	// through the kill: their queue entries are in the log, and the
+	// driver re-attaches to them (same owner tokens) after the restart.
 	var wg sync.WaitGroup
 	waitErrs := make(chan error, 5)
+	wctx, wcancel := context.WithCancel(ctx)
+	defer wcancel()
 	for i := range 5 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, err := d2.Wait(ctx, driver.AcquireRequest{Key: "durable/held/0", Owner: owner(i, "w"), TTL: ttl})
+			_, err := d2.Wait(wctx, driver.AcquireRequest{Key: "durable/held/0", Owner: owner(i, "w"), TTL: ttl})
 			waitErrs <- err
 		}()
 	}
@@ -116,13 +121,6 @@ func TestDurability_Kill9(t *testing.T) {
 	}
 	close(stop)
 	acq.Wait()
-	wg.Wait()
-	close(waitErrs)
-	for err := range waitErrs {
-		if err == nil {
-			t.Error("a waiter was granted a held key")
-		}
-	}
 	mu.Lock()
 	before := append([]held(nil), grants...)
 	fenceBefore := maxFence
@@ -167,10 +165,28 @@ func TestDurability_Kill9(t *testing.T) {
 			t.Fatalf("renew %q after restart: %v", before[i].key, err)
 		}
 	}
-	// The dead connections' queue entries are gone.
+	// The waiters are still queued (re-attached within their grace), none
+	// was granted the held key or gave up; cancelling them removes their
+	// entries on the restarted server.
 	info, err := d1.Inspect(ctx, "durable/held/0")
-	if err != nil || info.Waiters != 0 {
-		t.Fatalf("after restart, waiters on durable/held/0 = %d (%v), want 0", info.Waiters, err)
+	if err != nil || info.Waiters != 5 {
+		t.Fatalf("after restart, waiters on durable/held/0 = %d (%v), want the 5 queued before the kill", info.Waiters, err)
+	}
+	select {
+	case err := <-waitErrs:
+		t.Fatalf("a waiter returned across the restart: %v", err)
+	default:
+	}
+	wcancel()
+	wg.Wait()
+	close(waitErrs)
+	for err := range waitErrs {
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("cancelled waiter = %v; want context.Canceled (never a grant of the held key)", err)
+		}
+	}
+	if info, err := d1.Inspect(ctx, "durable/held/0"); err != nil || info.Waiters != 0 {
+		t.Fatalf("after the waiters' cancellation, waiters on durable/held/0 = %d (%v), want 0", info.Waiters, err)
 	}
 	// Fences issued afterwards are greater than every fence before.
 	for i := range 10 {

@@ -115,7 +115,10 @@ func TestOpen_InvalidURLIsInvalidArgument(t *testing.T) {
 		"dlockd://127.0.0.1:99999",
 		"dlockd://127.0.0.1:0",
 		"dlockd://127.0.0.1:65536",
-		"dlockd://127.0.0.1:7450,127.0.0.1:7451",
+		"dlockd://127.0.0.1:7450,127.0.0.1:7450",  // a member named twice
+		"dlockd://127.0.0.1:7450,,127.0.0.1:7451", // an empty entry
+		"dlockd://127.0.0.1:7450,:7451",           // a member without a host
+		"dlockd://127.0.0.1:7450,127.0.0.1:70000", // a port out of range
 		"dlockd://127.0.0.1:7450?lock_delay=-1s",
 		"dlockd://127.0.0.1:7450?lock_delay=soon",
 		"dlockd://127.0.0.1:7450?ttl=1s",
@@ -147,7 +150,7 @@ func TestOpen_InvalidURLIsInvalidArgument(t *testing.T) {
 			t.Errorf("Open(%q) = %v; want a message with %q and dlockd://HOST:PORT", raw, err, want)
 		}
 	}
-	for _, target := range []string{":7450", "127.0.0.1", "127.0.0.1:", ""} {
+	for _, target := range []string{":7450", "127.0.0.1", "127.0.0.1:", "", "127.0.0.1:7450,", "127.0.0.1:7450,127.0.0.1", "127.0.0.1:1, 127.0.0.1:1"} {
 		if d, err := dlockddriver.Dial(target, nil); err == nil {
 			_ = d.Close()
 			t.Errorf("Dial(%q) accepted", target)

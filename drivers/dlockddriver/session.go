@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"sync"
 	"time"
 
@@ -24,38 +23,42 @@ func newSession() string {
 
 // callStream is one Session stream: the Driver's Acquire (without wait),
 // Release and Renew calls share it, matched by id, instead of each opening
-// an HTTP/2 stream of its own.
+// an HTTP/2 stream of its own. It is open on one member, the leader when it
+// was opened.
 type callStream struct {
 	stream dlockv1.Lock_SessionClient
+	m      *member
+	cancel context.CancelFunc // ends the stream
 
 	sendMu sync.Mutex
 
-	mu      sync.Mutex
-	nextID  uint64
-	pending map[uint64]chan *dlockv1.SessionResponse
-	err     error // why the stream ended; set once
+	mu       sync.Mutex
+	nextID   uint64
+	pending  map[uint64]chan *dlockv1.SessionResponse
+	answered bool  // the server answered at least one call
+	err      error // why the stream ended; set once
 }
 
-// errNoStream tells invoke's caller to use the unary RPC.
-var errNoStream = errors.New("dlockd: no session stream")
-
 // invoke runs req on the Driver's Session stream and returns its response,
-// or a gRPC status error as the unary RPC would. It returns errNoStream
-// when there is no stream (not yet open, broken, or an old server): the
-// caller then uses the unary RPC, and nothing was sent.
-func (d *Driver) invoke(ctx context.Context, req *dlockv1.SessionRequest) (*dlockv1.SessionResponse, error) {
+// or a gRPC status error as the unary RPC would. fallback reports that the
+// stream could not run the call (there is no stream: not yet open, broken,
+// an older server; the stream broke under the call; or its node is no
+// longer the leader): the caller then runs the unary RPC, which follows the
+// leader. sent reports that the call may have reached the server before the
+// stream failed it (its effect is unknown).
+func (d *Driver) invoke(ctx context.Context, req *dlockv1.SessionRequest) (resp *dlockv1.SessionResponse, fallback, sent bool, err error) {
 	cs := d.calls.Load()
 	if cs == nil {
-		return nil, errNoStream
+		return nil, true, false, nil
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, status.FromContextError(err).Err()
+		return nil, false, false, status.FromContextError(err).Err()
 	}
 	ch := make(chan *dlockv1.SessionResponse, 1)
 	cs.mu.Lock()
 	if cs.err != nil {
 		cs.mu.Unlock()
-		return nil, errNoStream
+		return nil, true, false, nil
 	}
 	cs.nextID++
 	id := cs.nextID
@@ -64,15 +67,15 @@ func (d *Driver) invoke(ctx context.Context, req *dlockv1.SessionRequest) (*dloc
 	cs.mu.Unlock()
 
 	cs.sendMu.Lock()
-	err := cs.stream.Send(req)
+	err = cs.stream.Send(req)
 	cs.sendMu.Unlock()
 	if err != nil {
 		cs.mu.Lock()
 		delete(cs.pending, id)
 		cs.mu.Unlock()
-		return nil, status.Errorf(codes.Unavailable, "dlockd: session stream: %v", err)
+		d.dropStream(cs)
+		return nil, true, true, nil
 	}
-	var resp *dlockv1.SessionResponse
 	select {
 	case resp = <-ch:
 	case <-ctx.Done():
@@ -88,24 +91,41 @@ func (d *Driver) invoke(ctx context.Context, req *dlockv1.SessionRequest) (*dloc
 		cs.sendMu.Lock()
 		_ = cs.stream.Send(&dlockv1.SessionRequest{Id: id, Call: &dlockv1.SessionRequest_Cancel{Cancel: true}})
 		cs.sendMu.Unlock()
-		return nil, status.FromContextError(ctx.Err()).Err()
+		return nil, false, true, status.FromContextError(ctx.Err()).Err()
 	}
-	if resp == nil { // the stream ended
+	if resp == nil { // the stream ended under the call
 		cs.mu.Lock()
-		err := cs.err
+		err, answered := cs.err, cs.answered
 		cs.mu.Unlock()
 		if status.Code(err) == codes.Unimplemented { // an older server ran nothing
-			return nil, errNoStream
+			return nil, true, false, nil
 		}
-		if _, ok := status.FromError(err); !ok || status.Code(err) == codes.OK {
-			err = status.Errorf(codes.Unavailable, "dlockd: session stream: %v", err)
+		if _, notLeader := leaderHint(err); notLeader && !answered {
+			// Refused at the start by a node that does not lead: it read
+			// no call.
+			return nil, true, false, nil
 		}
-		return nil, err
+		return nil, true, true, nil
 	}
 	if resp.GetCode() != 0 {
-		return nil, status.Error(codes.Code(resp.GetCode()), resp.GetMessage())
+		err := status.Error(codes.Code(resp.GetCode()), resp.GetMessage())
+		if _, notLeader := leaderHint(err); notLeader {
+			// The node lost leadership since the stream opened: move the
+			// stream, and let the unary RPC find the leader.
+			d.cl.demote(cs.m)
+			d.dropStream(cs)
+			return nil, true, true, nil
+		}
+		return nil, false, true, err
 	}
-	return resp, nil
+	return resp, false, true, nil
+}
+
+// dropStream stops the Driver from using cs and ends it; the Session loop
+// opens another.
+func (d *Driver) dropStream(cs *callStream) {
+	d.calls.CompareAndSwap(cs, nil)
+	cs.cancel()
 }
 
 // recvLoop delivers responses until the stream ends, then fails the calls
@@ -124,6 +144,7 @@ func (cs *callStream) recvLoop() error {
 			return err
 		}
 		cs.mu.Lock()
+		cs.answered = true
 		if ch := cs.pending[resp.GetId()]; ch != nil {
 			delete(cs.pending, resp.GetId())
 			ch <- resp
@@ -132,37 +153,118 @@ func (cs *callStream) recvLoop() error {
 	}
 }
 
-// sessionLoop keeps the Driver's Session stream open until Close. While it
-// is down, calls use the unary RPCs. A server without Session (an older
-// dlockd) ends the loop: unary RPCs only.
+// Probe intervals of the Session loop, with more than one member: how
+// often it asks the member its stream is on whether it still leads. While a
+// Wait is queued the probe runs more often, so that the wait re-attaches to
+// a new leader well within the server's grace (the waiter's TTL).
+const (
+	probeIdle    = 2 * time.Second
+	probeWaiting = 250 * time.Millisecond
+)
+
+// sessionLoop keeps the Driver's Session stream open on the leader until
+// Close. While it is down, calls use the unary RPCs. With more than one
+// member it first finds the leader (probeLeader), reopens the stream when
+// the belief moves to another member, and probes the stream's member now
+// and then, which is how a Driver whose calls a follower forwards still
+// learns where the leader is (and how a queued Wait learns of a new
+// leader). A server without Session (an older dlockd) ends the loop: unary
+// RPCs only.
 func (d *Driver) sessionLoop() {
 	defer d.watchWG.Done()
 	ctx := d.watchCtx
 	delay := 50 * time.Millisecond
 	for ctx.Err() == nil {
-		sctx, cancel := context.WithCancel(ctx)
-		stream, err := d.client.Session(sctx, grpc.WaitForReady(true))
-		if err == nil {
-			cs := &callStream{stream: stream, pending: make(map[uint64]chan *dlockv1.SessionResponse)}
-			d.calls.Store(cs)
-			start := time.Now()
-			err = cs.recvLoop()
-			d.calls.CompareAndSwap(cs, nil)
-			if time.Since(start) > time.Second {
-				delay = 50 * time.Millisecond
+		m, changed := d.cl.current()
+		if d.cl.size() > 1 {
+			if p := d.probeLeader(ctx); p != nil {
+				m, changed = d.cl.current()
 			}
 		}
-		cancel()
+		var err error
+		var client dlockv1.LockClient
+		start := time.Now()
+		if client, err = d.cl.client(m); err == nil {
+			sctx, cancel := context.WithCancel(ctx)
+			var stream dlockv1.Lock_SessionClient
+			stream, err = client.Session(sctx, waitForOne(d.cl)...)
+			if err == nil {
+				cs := &callStream{stream: stream, m: m, cancel: cancel, pending: make(map[uint64]chan *dlockv1.SessionResponse)}
+				d.calls.Store(cs)
+				ended := make(chan error, 1)
+				go func() { ended <- cs.recvLoop() }()
+				err = d.watchStream(ctx, cs, changed, ended)
+				d.dropStream(cs)
+			}
+			cancel()
+		}
 		if status.Code(err) == codes.Unimplemented {
 			return
 		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if hint, ok := leaderHint(err); ok && hint != "" && hint != m.addr {
+			if d.cl.follow(hint) != nil {
+				continue // refused at the start by a follower: go to its leader now
+			}
+		}
+		if time.Since(start) > time.Second {
+			delay = 50 * time.Millisecond
+		}
+		if !sleepCtx(ctx, delay) {
 			return
-		case <-t.C:
 		}
 		delay = min(delay*2, 2*time.Second)
 	}
+}
+
+// watchStream waits until the Session stream cs ends (its error), the
+// belief moves away from its member (nil), or a probe finds its member no
+// longer leads (nil). It returns when ctx ends too.
+func (d *Driver) watchStream(ctx context.Context, cs *callStream, changed <-chan struct{}, ended <-chan error) error {
+	for {
+		every := probeIdle
+		if d.waiting.Load() > 0 {
+			every = probeWaiting
+		}
+		t := time.NewTimer(every)
+		select {
+		case <-d.waitStarted: // probe more often from now on
+			t.Stop()
+			continue
+		case err := <-ended:
+			t.Stop()
+			return err
+		case <-ctx.Done():
+			t.Stop()
+			cs.cancel()
+			return <-ended
+		case <-changed:
+			t.Stop()
+			if m, _ := d.cl.current(); m != cs.m {
+				d.dropStream(cs)
+				<-ended
+				return nil
+			}
+		case <-t.C:
+			if d.cl.size() < 2 {
+				continue
+			}
+			if p := d.probeLeader(ctx); p != cs.m {
+				d.dropStream(cs)
+				<-ended
+				return nil
+			}
+		}
+		_, changed = d.cl.current()
+	}
+}
+
+// waitForOne returns the call options of a Driver's own streams: with a
+// single member, wait for its connection (gRPC's WaitForReady: the stream
+// opens as soon as the server is back); with several, fail fast, so that
+// the loop can try another member.
+func waitForOne(cl *cluster) []grpc.CallOption {
+	if cl.size() == 1 {
+		return []grpc.CallOption{grpc.WaitForReady(true)}
+	}
+	return nil
 }

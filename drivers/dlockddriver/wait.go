@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"sync"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/dlock-dev/dlock/driver"
 	dlockv1 "github.com/dlock-dev/dlock/proto/dlock/v1"
@@ -90,53 +92,355 @@ func (d *Driver) claim(ctx context.Context, req driver.AcquireRequest, within ti
 	return err
 }
 
-// waitOnce queues once on the Wait stream and returns the grant, or an
-// error; when ctx ends it cancels on the server first (cancelWait).
+// waitOnce queues on the Wait stream of the leader and returns the grant,
+// or an error; when ctx ends it cancels the queue entry first (cancelWait).
+//
+// Leader changes: when the wait's stream breaks, answers NOT_LEADER, or
+// the Driver learns that another member leads (a hint, or the Session
+// loop's probe, confirmed by probing the stream's member), waitOnce sends
+// the same request (same owner token) to the leader: the server keeps a
+// queue entry of a waiter not connected to it for a grace period (the
+// waiter's TTL) after an election, and a repeat of the same owner token
+// re-attaches to it (QUEUED with its position) or, when the key was
+// handed to it meanwhile, answers with the grant. It keeps re-attaching
+// until ctx ends or, once the server acknowledged the wait, for that grace
+// (max(req.TTL, the op timeout)) after contact was lost; past it the place
+// is gone anyway and Wait returns a store error (after a best-effort
+// cancellation in the background), so that the root package's outage
+// handling takes over. A stream is closed, when the wait moves, only
+// after its node was found not to lead: closing a wait's stream asks that
+// node to remove the entry, which only the leader can do.
 func (d *Driver) waitOnce(ctx context.Context, req driver.AcquireRequest) (*dlockv1.AcquireResponse, error) {
-	// The stream outlives ctx so that a cancellation can be confirmed by the
-	// server; until the request is sent, ctx still cuts the stream.
+	d.waiting.Add(1)
+	defer d.waiting.Add(-1)
+	select {
+	case d.waitStarted <- struct{}{}:
+	default:
+	}
+	areq := d.acquireReq(req, true)
+	ackBy := time.Now().Add(answerTimeout(ctx)) // the first acknowledgment's deadline
+	grace := max(req.TTL, answerTimeout(ctx))
+	var (
+		acked   bool      // the server queued the wait (QUEUED) at least once
+		lostAt  time.Time // when contact was lost after an acknowledgment
+		sends   int       // requests sent so far
+		moved   bool      // the wait changed streams
+		pauses  int
+		lastErr error
+		cur     *waitStream
+	)
+	defer func() {
+		if cur != nil {
+			cur.close()
+		}
+	}()
+	// pace counts a failed attempt and pauses (jittered) after a round of
+	// members, or at once when the next attempt goes to the same member,
+	// so that a stale hint naming a dead leader cannot make the wait spin.
+	// It returns false when ctx ended during the pause.
+	tries := 0
+	pace := func(same bool, deadline time.Time) bool {
+		tries++
+		if !same && tries < d.cl.size() {
+			return true
+		}
+		tries = 0
+		w := jitter(pauses)
+		pauses++
+		if !deadline.IsZero() {
+			w = min(w, max(time.Until(deadline), 0))
+		}
+		return sleepCtx(ctx, w)
+	}
+	m, changed := d.cl.current()
+	for {
+		var deadline time.Time
+		switch {
+		case !acked:
+			deadline = ackBy
+		case !lostAt.IsZero():
+			deadline = lostAt.Add(grace)
+		}
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			d.cancelInBackground(req)
+			if !acked {
+				if lastErr != nil {
+					return nil, fmt.Errorf("dlockd: wait %q: %w: no member acknowledged the wait within %v: %w", req.Key, driver.ErrUnavailable, answerTimeout(ctx), mapErr(ctx, "wait", req.Key, lastErr))
+				}
+				return nil, fmt.Errorf("dlockd: wait %q: %w: the server did not acknowledge the wait within %v", req.Key, driver.ErrUnavailable, answerTimeout(ctx))
+			}
+			return nil, fmt.Errorf("dlockd: wait %q: %w: lost contact with the leader for %v, the server's grace for a queued waiter; the queue place is gone (last error: %v)", req.Key, driver.ErrUnavailable, grace, lastErr)
+		}
+		if cur == nil {
+			if ctx.Err() != nil {
+				if sends == 0 {
+					return nil, ctx.Err()
+				}
+				return nil, d.cancelWait(ctx, req, nil, true)
+			}
+			ws, err := d.openWait(ctx, m, areq, deadline)
+			if err == nil {
+				cur = ws
+				sends++
+				moved = moved || sends > 1
+				continue
+			}
+			if ctx.Err() != nil {
+				if sends == 0 {
+					return nil, ctx.Err() // nothing was sent
+				}
+				return nil, d.cancelWait(ctx, req, nil, true)
+			}
+			lastErr = err
+			next, ok := d.retryTarget(m, err, sends > 0)
+			if ok && !acked && d.cl.size() == 1 && next == m {
+				// One member, which cannot be reached or knows no leader,
+				// and nothing queued yet: report it at once, as any call
+				// (the root package retries).
+				ok = false
+			}
+			if !ok {
+				if sends > 0 {
+					d.cancelInBackground(req)
+				}
+				return nil, mapErr(ctx, "wait", req.Key, err)
+			}
+			if !pace(next == m, deadline) {
+				if sends == 0 {
+					return nil, ctx.Err()
+				}
+				return nil, d.cancelWait(ctx, req, nil, true)
+			}
+			m = next
+			_, changed = d.cl.current()
+			continue
+		}
+		// Before the first acknowledgment, with other members to try, a
+		// stream gets half the window: a frozen leader leaves time to ask
+		// another member.
+		streamBy := deadline
+		if !acked && d.cl.size() > 1 {
+			streamBy = cur.opened.Add(max(answerTimeout(ctx)/2, minAttempt))
+			if streamBy.After(deadline) {
+				streamBy = deadline
+			}
+		}
+		var timeout <-chan time.Time
+		var timer *time.Timer
+		if !streamBy.IsZero() {
+			timer = time.NewTimer(time.Until(streamBy))
+			timeout = timer.C
+		}
+		// Without the Session loop nobody probes the leader: with other
+		// members, the wait probes its stream's node itself.
+		var probe <-chan time.Time
+		var probeTimer *time.Timer
+		if d.noSession && d.cl.size() > 1 {
+			probeTimer = time.NewTimer(probeWaiting)
+			probe = probeTimer.C
+		}
+		var ev recvd
+		got, wasChanged, ended, probeOK := false, false, false, false
+		select {
+		case <-timeout:
+		case r := <-cur.events:
+			ev, got = r, true
+		case <-changed:
+			wasChanged = true
+		case <-probe:
+			if !d.confirmsLeader(ctx, cur.m) {
+				if l, _ := d.cl.current(); l == cur.m {
+					d.cl.demote(cur.m)
+				}
+				wasChanged = true
+			} else {
+				got = false
+				wasChanged = false
+				probeOK = true
+			}
+		case <-ctx.Done():
+			ended = true
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		if probeTimer != nil {
+			probeTimer.Stop()
+		}
+		if probeOK {
+			continue
+		}
+		switch {
+		case !got && !wasChanged && !ended: // timeout
+			if time.Now().Before(deadline) { // the stream's share ran out: the next member
+				d.cl.demote(cur.m)
+				cur.close()
+				cur = nil
+				m, changed = d.cl.current()
+			}
+		case got:
+			r := ev
+			if r.err != nil {
+				lastErr = r.err
+				next, ok := d.retryTarget(cur.m, r.err, true)
+				if !ok {
+					d.cancelInBackground(req)
+					return nil, mapErr(ctx, "wait", req.Key, r.err)
+				}
+				// The stream broke or its node no longer leads: the queue
+				// entry stays on the cluster for the grace; re-attach.
+				same := next == cur.m
+				cur.close()
+				cur = nil
+				if acked && lostAt.IsZero() {
+					lostAt = time.Now()
+				}
+				if !pace(same, deadline) {
+					return nil, d.cancelWait(ctx, req, nil, true)
+				}
+				m = next
+				_, changed = d.cl.current()
+				continue
+			}
+			switch r.ev.GetType() {
+			case dlockv1.WaitEvent_QUEUED:
+				acked, lostAt, pauses, tries = true, time.Time{}, 0, 0
+			case dlockv1.WaitEvent_GRANTED:
+				return r.ev.GetGrant(), nil
+			case dlockv1.WaitEvent_CANCELLED: // not asked for: treat as an outage
+				d.cancelInBackground(req)
+				return nil, fmt.Errorf("dlockd: wait %q: cancelled by the server", req.Key)
+			}
+		case wasChanged:
+			leader, ch := d.cl.current()
+			changed = ch
+			if leader == cur.m {
+				continue
+			}
+			// A belief confirmed by the new leader itself (a quorum
+			// answered it) is enough; a belief from a hint or a demotion
+			// is checked with the stream's node first.
+			if d.cl.confirmedLeader() != leader && d.confirmsLeader(ctx, cur.m) {
+				continue
+			}
+			// Another member leads and the stream's node does not: move
+			// the wait there (closing this stream cannot remove the entry:
+			// only the leader can).
+			cur.close()
+			cur = nil
+			if acked && lostAt.IsZero() {
+				lostAt = time.Now()
+			}
+			m, _ = d.cl.current()
+		case ended:
+			ws := cur
+			cur = nil
+			// A wait that moved, or whose stream is not on the believed
+			// leader, is also cancelled with the unary CancelWait on the
+			// leader: a stream's cancellation only removes the entry when
+			// its node leads.
+			leader, _ := d.cl.current()
+			return nil, d.cancelWait(ctx, req, ws, moved || ws.m != leader)
+		}
+	}
+}
+
+// retryTarget says where a wait goes after err (the failure to open or
+// send on m's stream, or the stream's end): the leader a NOT_LEADER answer
+// names (or the believed leader, or the next member), the next member
+// after a connection failure, and the same member after DUPLICATE_WAIT on
+// a re-send (the node's handler of the previous stream has not finished
+// yet). ok is false when err is the server's answer: a refusal that ends
+// the wait.
+func (d *Driver) retryTarget(m *member, err error, resent bool) (next *member, ok bool) {
+	kind, hint := classify(err, false)
+	switch kind {
+	case notLeader:
+		if hint != "" && hint != m.addr {
+			if h := d.cl.follow(hint); h != nil {
+				return h, true
+			}
+		}
+		if l, _ := d.cl.current(); l != m {
+			return l, true
+		}
+		return d.cl.next(m), true
+	case unreachable:
+		return d.cl.next(m), true
+	}
+	if st, _ := status.FromError(err); resent && st.Code() == codes.AlreadyExists && reasonOf(st.Message()) == reasonDuplicate {
+		return m, true
+	}
+	return nil, false
+}
+
+// waitStream is one Wait stream on one member.
+type waitStream struct {
+	m      *member
+	opened time.Time
+	stream dlockv1.Lock_WaitClient
+	cancel context.CancelFunc
+	events chan recvd
+}
+
+// close ends the stream (the server removes the entry if its node leads).
+func (w *waitStream) close() { w.cancel() }
+
+// openWait opens a Wait stream on m and sends areq on it. The stream
+// outlives ctx, so that a cancellation can be confirmed by the server; until
+// the request is sent, ctx (and the deadline, when set, or else a share of
+// the op timeout) still cut it.
+func (d *Driver) openWait(ctx context.Context, m *member, areq *dlockv1.AcquireRequest, deadline time.Time) (*waitStream, error) {
+	client, err := d.cl.client(m)
+	if err != nil {
+		return nil, err
+	}
 	sctx, scancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer scancel()
 	var sentMu sync.Mutex
 	sent := false
-	stopEarly := context.AfterFunc(ctx, func() {
+	cut := func() {
 		sentMu.Lock()
 		defer sentMu.Unlock()
 		if !sent {
 			scancel()
 		}
-	})
+	}
+	stopEarly := context.AfterFunc(ctx, cut)
 	defer stopEarly()
+	limit := answerTimeout(ctx)
+	if !deadline.IsZero() {
+		limit = min(limit, max(time.Until(deadline), minAttempt))
+	}
+	if d.cl.size() > 1 {
+		limit = max(limit/2, minAttempt)
+	}
+	timer := time.AfterFunc(limit, cut)
+	defer timer.Stop()
 
-	stream, err := d.client.Wait(sctx)
+	stream, err := client.Wait(sctx)
 	if err == nil {
 		sentMu.Lock()
 		if sctx.Err() == nil {
-			err = stream.Send(d.acquireReq(req, true))
+			err = stream.Send(areq)
 			sent = err == nil
 		} else {
-			err = sctx.Err()
+			err = status.Error(codes.Unavailable, "dlockd: wait: the stream did not open in time")
 		}
 		sentMu.Unlock()
 	}
-	if err != nil { // the stream broke; the server cleans up what it got when the stream ends
-		return nil, mapErr(ctx, "wait", req.Key, err)
+	if err != nil {
+		scancel()
+		if ctx.Err() != nil {
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		return nil, err
 	}
-
-	// The server answers at once: QUEUED, or GRANTED when the key is
-	// free. One that does not answer within the caller's op timeout is not
-	// answering at all (frozen, or the network silently dropping packets):
-	// give up with a store error rather than wait for the keepalive.
-	first := time.NewTimer(answerTimeout(ctx))
-	defer first.Stop()
-	answered := false
-
-	events := make(chan recvd, 4)
+	w := &waitStream{m: m, opened: time.Now(), stream: stream, cancel: scancel, events: make(chan recvd, 4)}
 	go func() {
 		for {
 			ev, err := stream.Recv()
 			select {
-			case events <- recvd{ev, err}:
+			case w.events <- recvd{ev, err}:
 			case <-sctx.Done():
 				return
 			}
@@ -145,28 +449,7 @@ func (d *Driver) waitOnce(ctx context.Context, req driver.AcquireRequest) (*dloc
 			}
 		}
 	}()
-
-	for {
-		select {
-		case <-first.C:
-			if !answered {
-				return nil, fmt.Errorf("dlockd: wait %q: %w: the server did not acknowledge the wait within %v", req.Key, driver.ErrUnavailable, answerTimeout(ctx))
-			}
-		case r := <-events:
-			answered = true
-			if r.err != nil {
-				return nil, mapErr(ctx, "wait", req.Key, r.err)
-			}
-			switch r.ev.GetType() {
-			case dlockv1.WaitEvent_GRANTED:
-				return r.ev.GetGrant(), nil
-			case dlockv1.WaitEvent_CANCELLED: // not asked for: treat as an outage
-				return nil, fmt.Errorf("dlockd: wait %q: cancelled by the server", req.Key)
-			}
-		case <-ctx.Done():
-			return nil, d.cancelWait(ctx, req, stream, events)
-		}
-	}
+	return w, nil
 }
 
 // answerTimeout is how long Wait waits for the server's first answer: the
@@ -184,32 +467,79 @@ type recvd struct {
 	err error
 }
 
-// cancelWait asks the server, on the wait's own stream, to remove the queue
-// entry, and waits for its answer. A grant that arrives first is released.
-func (d *Driver) cancelWait(ctx context.Context, req driver.AcquireRequest, stream dlockv1.Lock_WaitClient, events <-chan recvd) error {
+// cancelWait removes the wait's queue entry after ctx ended, and returns
+// ctx's error (joined with the cleanup's failure, if any). With a stream
+// (ws), it asks on the stream first and waits for the answer; a grant that
+// arrives first is released. The unary CancelWait, which goes to the leader
+// whichever node that is (and which also releases a grant that raced),
+// runs too when the stream's cancellation was not confirmed, or when
+// unary is set (the wait moved between members, or its stream's node may
+// not lead: a follower's cancellation removes nothing). Both are bounded by
+// Options.CleanupTimeout.
+func (d *Driver) cancelWait(ctx context.Context, req driver.AcquireRequest, ws *waitStream, unary bool) error {
 	why := ctx.Err()
-	_ = stream.CloseSend()
-	timer := time.NewTimer(d.cleanup)
-	defer timer.Stop()
-	for {
-		select {
-		case r := <-events:
-			if r.err != nil {
-				if errors.Is(r.err, io.EOF) {
-					return why
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cleanup)
+	defer cancel()
+	confirmed := false
+	if ws != nil {
+		_ = ws.stream.CloseSend()
+	wait:
+		for {
+			select {
+			case r := <-ws.events:
+				if r.err != nil {
+					break wait // ended without CANCELLED: not confirmed
 				}
-				return errors.Join(why, fmt.Errorf("dlockd: wait %q: cancel not confirmed: %w", req.Key, r.err))
+				switch r.ev.GetType() {
+				case dlockv1.WaitEvent_CANCELLED:
+					confirmed = true
+					break wait
+				case dlockv1.WaitEvent_GRANTED:
+					ws.close()
+					return d.releaseRaced(ctx, req)
+				}
+			case <-cctx.Done():
+				break wait
 			}
-			switch r.ev.GetType() {
-			case dlockv1.WaitEvent_CANCELLED:
-				return why
-			case dlockv1.WaitEvent_GRANTED:
-				return d.releaseRaced(ctx, req)
-			}
-		case <-timer.C:
-			return errors.Join(why, fmt.Errorf("dlockd: wait %q: cancel not confirmed within %v", req.Key, d.cleanup))
 		}
+		ws.close()
 	}
+	if confirmed && !unary {
+		return why
+	}
+	_, err := d.call(cctx, callOpts{}, func(ctx context.Context, c dlockv1.LockClient) error {
+		_, err := c.CancelWait(ctx, &dlockv1.CancelWaitRequest{Key: req.Key, Owner: req.Owner})
+		return err
+	})
+	if err != nil {
+		d.forget(req.Key, req.Owner)
+		return errors.Join(why, fmt.Errorf("dlockd: wait %q: cancel not confirmed within %v: %w", req.Key, d.cleanup, mapErr(cctx, "cancel wait", req.Key, err)))
+	}
+	d.forget(req.Key, req.Owner)
+	return why
+}
+
+// cancelInBackground removes, best effort and within
+// Options.CleanupTimeout, the queue entry (or raced grant) that a wait
+// ending with a store error may have left on the cluster. Close waits for
+// it (and cuts it short).
+func (d *Driver) cancelInBackground(req driver.AcquireRequest) {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return
+	}
+	d.watchWG.Add(1) // under d.mu, so never concurrently with Close's Wait
+	d.mu.Unlock()
+	go func() {
+		defer d.watchWG.Done()
+		ctx, cancel := context.WithTimeout(d.watchCtx, d.cleanup)
+		defer cancel()
+		_, _ = d.call(ctx, callOpts{}, func(ctx context.Context, c dlockv1.LockClient) error {
+			_, err := c.CancelWait(ctx, &dlockv1.CancelWaitRequest{Key: req.Key, Owner: req.Owner})
+			return err
+		})
+	}()
 }
 
 // releaseRaced releases, within the cleanup timeout, a grant the owner token

@@ -1,9 +1,11 @@
 package dlockddriver
 
 import (
+	"context"
 	"time"
 
-	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/dlock-dev/dlock/driver"
 	dlockv1 "github.com/dlock-dev/dlock/proto/dlock/v1"
@@ -96,32 +98,126 @@ func (d *Driver) lossReason(key, owner string) string {
 }
 
 // watchLoop keeps the session's Watch stream open until Close, and closes
-// the Lost channel of each grant the server reports lost.
+// the Lost channel of each grant the server reports lost. Any member serves
+// Watch (losses are applied from the log on every node); the loop prefers
+// the believed leader: it opens the stream there, moves it when the belief
+// moves (opening the new stream before it closes the old, so that no loss
+// falls between), and after a break reconnects to the leader, or to the
+// next member when the leader cannot be reached.
 func (d *Driver) watchLoop() {
 	defer d.watchWG.Done()
 	ctx := d.watchCtx
 	delay := 50 * time.Millisecond
+	var cur *watchStream
+	defer func() {
+		if cur != nil {
+			cur.stop()
+		}
+	}()
+	var target *member // where to open next; nil: the believed leader
 	for ctx.Err() == nil {
-		stream, err := d.client.Watch(ctx, &dlockv1.WatchRequest{Session: d.session}, grpc.WaitForReady(true))
-		if err == nil {
-			for {
-				ev, rerr := stream.Recv()
-				if rerr != nil {
-					break
+		leader, changed := d.cl.current()
+		if cur == nil || cur.m != leader {
+			m := leader
+			if cur == nil && target != nil {
+				m = target
+			}
+			ws, err := d.openWatch(ctx, m)
+			switch {
+			case err == nil:
+				if cur != nil {
+					cur.stop()
 				}
-				delay = 50 * time.Millisecond
-				if ev.GetType() == dlockv1.WatchEvent_LOST {
-					d.markLost(ev.GetKey(), ev.GetOwner(), ev.GetFence(), ev.GetReason())
+				cur, target, delay = ws, nil, 50*time.Millisecond
+			case cur == nil:
+				// Not even one stream: try another member after a pause.
+				target = d.cl.next(m)
+				if hint, ok := leaderHint(err); ok && hint != "" {
+					if h := d.cl.byAddr(hint); h != nil {
+						target = h
+					}
 				}
+				if !sleepCtx(ctx, delay) {
+					return
+				}
+				delay = min(delay*2, 2*time.Second)
+				continue
 			}
 		}
-		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
-			t.Stop()
 			return
-		case <-t.C:
+		case <-cur.done:
+			cur.stop()
+			cur = nil
+			if !sleepCtx(ctx, delay) {
+				return
+			}
+			delay = min(delay*2, 2*time.Second)
+		case <-changed:
 		}
-		delay = min(delay*2, 2*time.Second)
 	}
+}
+
+// watchStream is one open Watch stream, read by its own goroutine.
+type watchStream struct {
+	m      *member
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the stream ended
+}
+
+// stop ends the stream and waits for its reader.
+func (w *watchStream) stop() {
+	w.cancel()
+	<-w.done
+}
+
+// openWatch opens the session's Watch stream on m and returns once the
+// server acknowledged it (READY, within probeTimeout), with a goroutine
+// that applies the losses it reports until it ends.
+func (d *Driver) openWatch(ctx context.Context, m *member) (*watchStream, error) {
+	client, err := d.cl.client(m)
+	if err != nil {
+		return nil, err
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	stream, err := client.Watch(wctx, &dlockv1.WatchRequest{Session: d.session}, waitForOne(d.cl)...)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	first := make(chan error, 1)
+	w := &watchStream{m: m, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		acked := false
+		for {
+			ev, err := stream.Recv()
+			if err != nil {
+				if !acked {
+					first <- err
+				}
+				return
+			}
+			if !acked {
+				acked = true
+				first <- nil
+			}
+			if ev.GetType() == dlockv1.WatchEvent_LOST {
+				d.markLost(ev.GetKey(), ev.GetOwner(), ev.GetFence(), ev.GetReason())
+			}
+		}
+	}()
+	t := time.NewTimer(probeTimeout)
+	defer t.Stop()
+	select {
+	case err = <-first:
+	case <-t.C:
+		err = status.Error(codes.DeadlineExceeded, "dlockd: watch: not acknowledged in time")
+	}
+	if err != nil {
+		w.stop()
+		return nil, err
+	}
+	return w, nil
 }
