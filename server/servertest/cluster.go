@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -108,6 +109,30 @@ type Node struct {
 	started bool     // started at least once (a first start takes its boot flags)
 	boot    []string // the flags of the first start: --initial-cluster or --join
 	logf    *os.File
+	// reserved holds the node's two ports (listeners opened by the kit)
+	// until its first start, so that no other process takes them in the
+	// meantime (a spare node may start minutes after StartCluster).
+	reserved []net.Listener
+}
+
+// reservePort returns a free loopback host:port and the listener that
+// holds it until it is closed.
+func reservePort(t testing.TB) (string, net.Listener) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("servertest: free port: %v", err)
+	}
+	return ln.Addr().String(), ln
+}
+
+// release closes the node's reserved listeners (just before its process
+// binds their ports).
+func (nd *Node) release() {
+	for _, ln := range nd.reserved {
+		_ = ln.Close()
+	}
+	nd.reserved = nil
 }
 
 // Default timings of a cluster; see ClusterOptions.
@@ -168,11 +193,14 @@ func startCluster(t testing.TB, n int, opts ClusterOptions) (*Cluster, error) {
 	for i := 0; i < total; i++ {
 		nd := &Node{
 			Index: i, ID: fmt.Sprintf("n%d", i+1),
-			Listen: FreePort(t), RaftAddr: FreePort(t),
 			DataDir: filepath.Join(dir, fmt.Sprintf("n%d", i+1), "data"),
 			LogPath: filepath.Join(dir, fmt.Sprintf("n%d.log", i+1)),
 			c:       c,
 		}
+		var api, raft net.Listener
+		nd.Listen, api = reservePort(t)
+		nd.RaftAddr, raft = reservePort(t)
+		nd.reserved = []net.Listener{api, raft}
 		nd.API = netproxy.Start(t, nd.Listen, opts.Seed+uint64(i))
 		nd.Addr = nd.API.Addr()
 		c.nodes = append(c.nodes, nd)
@@ -236,6 +264,7 @@ func (c *Cluster) stopAll() {
 	for _, nd := range c.nodes {
 		_ = nd.signal(syscall.SIGKILL, 10*time.Second)
 		nd.mu.Lock()
+		nd.release()
 		if nd.logf != nil {
 			_ = nd.logf.Close()
 			nd.logf = nil
@@ -358,6 +387,7 @@ func (nd *Node) start() error {
 		nd.logf = f
 	}
 	args := nd.c.args(nd)
+	nd.release()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		fmt.Fprintf(nd.logf, "=== servertest: start %s: dlockd %s\n", nd.ID, strings.Join(args, " "))
