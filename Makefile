@@ -1,7 +1,7 @@
 # dlock — common tasks. `make test` is the command CI runs.
 GO ?= go
 
-.PHONY: all build test test-deps vet fmt bench bench-stores demo clean proto
+.PHONY: all build test test-deps vet fmt bench bench-stores bench-cluster demo demo-cluster clean proto
 
 all: build
 
@@ -26,11 +26,15 @@ fmt:
 ## bench: driver benchmarks (bounded: 2 s per benchmark), figures as b.ReportMetric columns.
 ## The side-by-side comparison of every store is not bounded that way: it is make bench-stores.
 bench: test-deps
-	$(GO) test -run '^$$' -bench . -skip 'SideBySide' -benchtime 2s -timeout 30m ./...
+	$(GO) test -run '^$$' -bench . -skip 'SideBySide|BenchmarkCluster' -benchtime 2s -timeout 30m ./...
 
 ## demo: the main job, on the embedded default store; needs no external server.
 demo:
 	./scripts/demo.sh
+
+## demo-cluster: the main job on 3 dlockd nodes, with the leader killed (kill -9) midway through the settlement.
+demo-cluster:
+	./scripts/demo-cluster.sh
 
 clean:
 	rm -rf bin dlockd-data
@@ -52,3 +56,16 @@ proto:
 bench-stores: test-deps
 	mkdir -p docs
 	BENCH_OUT=$(CURDIR)/docs/BENCHMARKS-run.md $(GO) test -run '^$$' -bench SideBySide -benchtime 1x -timeout 60m ./internal/bench
+
+## bench-cluster: 3-node etcd, 3- and 5-node dlockd side by side (W1, W2, failover), written to docs/BENCHMARKS-cluster-run.md.
+bench-cluster: test-deps
+	mkdir -p docs
+	BENCH_OUT=$(CURDIR)/docs/BENCHMARKS-cluster-run.md $(GO) test -run '^$$' -bench 'BenchmarkCluster' -benchtime 1x -timeout 30m ./internal/bench
+
+## nemesis: the dlockd cluster's nemesis run (random partitions, pauses, kills, leader
+## transfers; history and fenced register checked) for NEMESIS_DURATION (default 60s;
+## `make nemesis NEMESIS_DURATION=10m` for the long run). make test runs it for 20s.
+NEMESIS_DURATION ?= 60s
+.PHONY: nemesis
+nemesis:
+	DLOCK_NEMESIS_DURATION=$(NEMESIS_DURATION) $(GO) test -race -count=1 -v -timeout 60m -run '^TestNemesis$$' ./server/clustertest/

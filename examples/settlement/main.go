@@ -49,6 +49,7 @@ func main() {
 	flag.StringVar(&cfg.Date, "date", time.Now().UTC().Format("2006-01-02"), "settlement date")
 	flag.IntVar(&cfg.PauseWorker, "pause-worker", 0, "worker paused inside its first critical section (-1: none)")
 	flag.DurationVar(&cfg.Pause, "pause", 0, "how long the paused worker sleeps at least; it then stays paused until another worker has settled its merchant (default: twice the TTL)")
+	flag.DurationVar(&cfg.Work, "work", 0, "time each worker spends inside a critical section before its write (to make a run last)")
 	asJSON := flag.Bool("json", false, "print the report as one JSON object")
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -98,13 +99,14 @@ func printReport(r Report) {
   duplicates       %d
   stale rejected   %d   (late writes refused by the fence)
   unique blocked   %d   (second writes refused by the (merchant, date) constraint)
+  store unavailable %d  (attempts the store could not answer; retried in a later pass)
 lock
   acquisitions     %d, contended attempts %d
   acquire latency  p50 %.2f ms, p99 %.2f ms
   hold time        p50 %.2f ms, p99 %.2f ms
   renewals         %d, failures %d, smallest margin %.3f s
   lost while working %d
-`, r.Store, r.Ledger, r.Workers, r.Merchants, r.Seconds, r.Settled, r.Merchants, r.Duplicates, r.StaleRejected, r.UniqueBlocked,
+`, r.Store, r.Ledger, r.Workers, r.Merchants, r.Seconds, r.Settled, r.Merchants, r.Duplicates, r.StaleRejected, r.UniqueBlocked, r.Unavailable,
 		r.Lock.Acquisitions, r.Lock.Contended, r.Lock.AcquireP50Ms, r.Lock.AcquireP99Ms, r.Lock.HoldP50Ms, r.Lock.HoldP99Ms,
 		r.Lock.Renewals, r.Lock.RenewalFailures, r.Lock.MinRenewalMarginS, r.Lock.LostWhileWorking)
 }

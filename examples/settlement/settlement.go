@@ -26,6 +26,7 @@ type Config struct {
 	Date        string        // settlement date, YYYY-MM-DD
 	PauseWorker int           // worker paused inside its first critical section; -1: none
 	Pause       time.Duration // how long it is paused
+	Work        time.Duration // time spent inside each critical section before the write
 	Log         *slog.Logger
 }
 
@@ -39,6 +40,7 @@ type Report struct {
 	Duplicates    int     `json:"duplicates"`
 	StaleRejected int64   `json:"stale_rejected"`
 	UniqueBlocked int64   `json:"unique_blocked"`
+	Unavailable   int64   `json:"unavailable"`
 	Seconds       float64 `json:"seconds"`
 	Lock          Stats   `json:"lock"`
 }
@@ -138,6 +140,9 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	if cfg.PauseWorker >= 0 && cfg.Workers < 2 {
 		return Report{}, fmt.Errorf("settlement: --pause-worker needs at least 2 workers: another one must take over the paused worker's merchant")
 	}
+	if cfg.Work < 0 {
+		return Report{}, fmt.Errorf("settlement: --work %v is negative", cfg.Work)
+	}
 	if cfg.Pause < 0 {
 		return Report{}, fmt.Errorf("settlement: --pause %v is negative", cfg.Pause)
 	}
@@ -157,12 +162,12 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	}
 
 	st := &stats{}
-	var staleRejected, uniqueBlocked atomic.Int64
+	var staleRejected, uniqueBlocked, unavailable atomic.Int64
 	start := time.Now()
 	var wg sync.WaitGroup
 	errs := make(chan error, cfg.Workers)
 	for i := range cfg.Workers {
-		w := &worker{id: i, cfg: cfg, stats: st, stale: &staleRejected, unique: &uniqueBlocked}
+		w := &worker{id: i, cfg: cfg, stats: st, stale: &staleRejected, unique: &uniqueBlocked, unavailable: &unavailable}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -184,7 +189,8 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	return Report{
 		Store: cfg.Store, Ledger: redactURL(cfg.Ledger), Merchants: cfg.Merchants, Workers: cfg.Workers,
 		Settled: settled, Duplicates: dups, StaleRejected: staleRejected.Load(), UniqueBlocked: uniqueBlocked.Load(),
-		Seconds: time.Since(start).Seconds(), Lock: st.snapshot(),
+		Unavailable: unavailable.Load(),
+		Seconds:     time.Since(start).Seconds(), Lock: st.snapshot(),
 	}, nil
 }
 
@@ -195,8 +201,11 @@ type worker struct {
 	stats  *stats
 	stale  *atomic.Int64
 	unique *atomic.Int64
-	paused bool
-	faults *dlocktest.FaultDriver
+	// unavailable counts attempts the store could not answer (an election
+	// of a dlockd cluster, a restart): the merchant is left for a later pass.
+	unavailable *atomic.Int64
+	paused      bool
+	faults      *dlocktest.FaultDriver
 }
 
 func (w *worker) run(ctx context.Context) error {
@@ -252,6 +261,13 @@ func (w *worker) settle(ctx context.Context, locker *dlock.Locker, db *sql.DB, m
 	if errors.Is(err, dlock.ErrNotAcquired) {
 		return nil // another worker is on it
 	}
+	if errors.Is(err, dlock.ErrUnavailable) {
+		// The store could not answer (a leader election, a restart): no
+		// lease, no work. A later pass tries this merchant again.
+		w.unavailable.Add(1)
+		w.cfg.Log.Info("lock store unavailable, merchant left for a later pass", "worker", w.id, "merchant", merchant, "err", err)
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -263,6 +279,14 @@ func (w *worker) settle(ctx context.Context, locker *dlock.Locker, db *sql.DB, m
 		return ignoreLost(err)
 	}
 	amount := amountFor(merchant)
+	if w.cfg.Work > 0 {
+		// The work of the critical section (computing the settlement).
+		select {
+		case <-time.After(w.cfg.Work):
+		case <-work.Done():
+			return nil // lease lost or run cancelled: leave it for a later pass
+		}
+	}
 
 	if w.id == w.cfg.PauseWorker && !w.paused {
 		// The GC-pause case: stopped inside the critical section for

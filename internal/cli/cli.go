@@ -610,5 +610,6 @@ interrupted (128+N), error (1).`,
 	}
 	root.AddCommand(newRunCmd(g), newStatusCmd(g), newListCmd(g), newReleaseCmd(g), newFenceCmd(g), newBenchCmd(g))
 	root.AddCommand(newVersionCmd(g))
+	root.AddCommand(newClusterCmd(g))
 	return root
 }

@@ -1,0 +1,210 @@
+package testservers
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// EtcdCluster is an etcd cluster of several members started by a test, each
+// its own etcd process on loopback.
+type EtcdCluster struct {
+	t       testing.TB
+	bin     string
+	members []*etcdMember
+	token   string
+}
+
+// etcdMember is one member of an EtcdCluster.
+type etcdMember struct {
+	name       string
+	dataDir    string
+	logPath    string
+	clientPort int
+	peerPort   int
+
+	mu   sync.Mutex
+	proc *Process
+}
+
+// StartEtcdCluster starts an etcd cluster of n members (heartbeat 50 ms,
+// election timeout 500 ms, as StartEtcd) on free loopback client and peer
+// ports, waits until every member answers /health and the cluster has a
+// leader, and stops every member by PID when the test ends. Each member's
+// data lives in its own temp dir under /dev/shm when that exists (etcd
+// fsyncs its WAL on every write; see StartEtcd), else under t.TempDir(). A
+// missing etcd binary fails the test with the install command.
+func StartEtcdCluster(t testing.TB, n int) *EtcdCluster {
+	t.Helper()
+	if n < 1 || n > 9 {
+		t.Fatalf("testservers: etcd cluster of %d members: want 1 to 9", n)
+	}
+	bin := Binary(t, "etcd", "apt-get install etcd-server (make test installs it)", "/usr/lib/etcd", "/usr/local/bin")
+	dir := t.TempDir()
+	c := &EtcdCluster{t: t, bin: bin, token: fmt.Sprintf("dlocktest-%d", time.Now().UnixNano())}
+	for i := range n {
+		m := &etcdMember{
+			name:       fmt.Sprintf("e%d", i+1),
+			dataDir:    filepath.Join(dir, fmt.Sprintf("data-%d", i+1)),
+			logPath:    filepath.Join(dir, fmt.Sprintf("etcd-%d.log", i+1)),
+			clientPort: FreePort(t),
+			peerPort:   FreePort(t),
+		}
+		if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+			if d, err := os.MkdirTemp("/dev/shm", "dlocktest-etcd-"); err == nil {
+				t.Cleanup(func() { os.RemoveAll(d) })
+				m.dataDir = d
+			}
+		}
+		c.members = append(c.members, m)
+	}
+	t.Cleanup(func() {
+		for _, m := range c.members {
+			m.stop()
+		}
+		for _, m := range c.members {
+			logTailOnFailure(t, "etcd "+m.name, m.logPath)
+		}
+	})
+	// Every member must be started before any can become healthy (the
+	// first start waits for a quorum).
+	for i := range c.members {
+		if err := c.start(i, "new"); err != nil {
+			t.Fatalf("testservers: %v", err)
+		}
+	}
+	for i, m := range c.members {
+		if err := waitEtcdHealthy(m.clientURL()+"/health", m.process(), 30*time.Second); err != nil {
+			t.Fatalf("testservers: etcd member %d: %v (log: %s)", i+1, err, m.logPath)
+		}
+	}
+	return c
+}
+
+func (m *etcdMember) clientURL() string { return fmt.Sprintf("http://127.0.0.1:%d", m.clientPort) }
+func (m *etcdMember) peerURL() string   { return fmt.Sprintf("http://127.0.0.1:%d", m.peerPort) }
+
+func (m *etcdMember) process() *Process {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.proc
+}
+
+func (m *etcdMember) stop() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.proc != nil {
+		m.proc.Stop(5 * time.Second)
+		m.proc = nil
+	}
+}
+
+// start starts member i with --initial-cluster-state state ("new" on the
+// first start; ignored by etcd once the data dir holds a member).
+func (c *EtcdCluster) start(i int, state string) error {
+	m := c.members[i]
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.proc != nil {
+		return nil
+	}
+	var initial []string
+	for _, o := range c.members {
+		initial = append(initial, o.name+"="+o.peerURL())
+	}
+	cmd := exec.Command(c.bin,
+		"--name", m.name,
+		"--data-dir", m.dataDir,
+		"--listen-client-urls", m.clientURL(),
+		"--advertise-client-urls", m.clientURL(),
+		"--listen-peer-urls", m.peerURL(),
+		"--initial-advertise-peer-urls", m.peerURL(),
+		"--initial-cluster", strings.Join(initial, ","),
+		"--initial-cluster-state", state,
+		"--initial-cluster-token", c.token,
+		"--heartbeat-interval", "50",
+		"--election-timeout", "500",
+		"--log-level", "warn",
+	)
+	p, err := StartProcess(cmd, m.logPath)
+	if err != nil {
+		return fmt.Errorf("start etcd member %s: %w", m.name, err)
+	}
+	m.proc = p
+	return nil
+}
+
+// Len returns the number of members.
+func (c *EtcdCluster) Len() int { return len(c.members) }
+
+// Addr returns "127.0.0.1:port" of member i's client endpoint.
+func (c *EtcdCluster) Addr(i int) string { return fmt.Sprintf("127.0.0.1:%d", c.members[i].clientPort) }
+
+// URL returns the dlock store URL naming every member,
+// "etcd://127.0.0.1:p1,127.0.0.1:p2,...".
+func (c *EtcdCluster) URL() string {
+	addrs := make([]string, len(c.members))
+	for i := range c.members {
+		addrs[i] = c.Addr(i)
+	}
+	return "etcd://" + strings.Join(addrs, ",")
+}
+
+// PID returns member i's process id, or 0 when it is stopped.
+func (c *EtcdCluster) PID(i int) int {
+	if p := c.members[i].process(); p != nil {
+		return p.PID()
+	}
+	return 0
+}
+
+// Kill sends SIGKILL to member i and waits for it to exit.
+func (c *EtcdCluster) Kill(i int) {
+	m := c.members[i]
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.proc != nil {
+		m.proc.Kill()
+		m.proc = nil
+	}
+}
+
+// Restart starts member i again on its data (after Kill) and waits until
+// it answers /health.
+func (c *EtcdCluster) Restart(i int) error {
+	if err := c.start(i, "existing"); err != nil {
+		return err
+	}
+	return waitEtcdHealthy(c.members[i].clientURL()+"/health", c.members[i].process(), 30*time.Second)
+}
+
+// Leader returns the index of the member that is the leader now, from each
+// member's /metrics (etcd_server_is_leader), or -1 when none says so.
+func (c *EtcdCluster) Leader() int {
+	hc := &http.Client{Timeout: time.Second}
+	for i, m := range c.members {
+		if m.process() == nil {
+			continue
+		}
+		resp, err := hc.Get(m.clientURL() + "/metrics")
+		if err != nil {
+			continue
+		}
+		buf := new(strings.Builder)
+		_, _ = io.Copy(buf, io.LimitReader(resp.Body, 8<<20))
+		resp.Body.Close()
+		for _, line := range strings.Split(buf.String(), "\n") {
+			if strings.HasPrefix(line, "etcd_server_is_leader ") && strings.TrimSpace(strings.TrimPrefix(line, "etcd_server_is_leader ")) == "1" {
+				return i
+			}
+		}
+	}
+	return -1
+}

@@ -1,0 +1,41 @@
+package testservers
+
+import (
+	"testing"
+	"time"
+)
+
+func TestEtcdCluster_LeaderKillRestart(t *testing.T) {
+	c := StartEtcdCluster(t, 3)
+	if c.Len() != 3 || c.URL() == "" {
+		t.Fatalf("cluster %d members, URL %q", c.Len(), c.URL())
+	}
+	leader := waitEtcdLeader(t, c, -1)
+	c.Kill(leader)
+	if c.PID(leader) != 0 {
+		t.Fatal("killed member still has a PID")
+	}
+	if next := waitEtcdLeader(t, c, leader); next == leader {
+		t.Fatalf("the killed member %d is still the leader", leader)
+	}
+	if err := c.Restart(leader); err != nil {
+		t.Fatal(err)
+	}
+	if c.PID(leader) == 0 {
+		t.Fatal("restarted member has no PID")
+	}
+}
+
+// waitEtcdLeader waits up to 20 s for a leader other than not.
+func waitEtcdLeader(t *testing.T, c *EtcdCluster, not int) int {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if i := c.Leader(); i >= 0 && i != not {
+			return i
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal("no etcd leader within 20 s")
+	return -1
+}
