@@ -64,7 +64,7 @@ bench-cluster: test-deps
 
 ## nemesis: the dlockd cluster's nemesis run (random partitions, pauses, kills, leader
 ## transfers; history and fenced register checked) for NEMESIS_DURATION (default 60s;
-## `make nemesis NEMESIS_DURATION=10m` for the long run). make test runs it for 20s.
+## `make nemesis NEMESIS_DURATION=10m` for the long run). make test runs it for 60s too.
 NEMESIS_DURATION ?= 60s
 .PHONY: nemesis
 nemesis:

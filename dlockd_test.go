@@ -50,8 +50,9 @@ func anyContains(msgs []string, sub string) bool {
 // TestDlockd_WaitSurvivesARestart: an Acquire waiting on a held key while
 // dlockd shuts down (SHUTTING_DOWN, then connection refused) and starts
 // again on the same data and port (NOT_LEADER during its election, with the
-// default 1 s Raft timings) retries through it and gets the key once the
-// holder lets go, within its ctx.
+// default 1 s Raft timings) rides through it (the driver re-attaches, or
+// the root retries) and gets the key once the holder lets go, within its
+// ctx.
 func TestDlockd_WaitSurvivesARestart(t *testing.T) {
 	cfg := servertest.Config(t, t.TempDir())
 	cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = time.Second, time.Second, 500*time.Millisecond
@@ -108,11 +109,12 @@ func TestDlockd_WaitSurvivesARestart(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatalf("the waiting Acquire did not return within its ctx (retries: %q)", rec.messages())
 	}
+	// The driver's Wait re-attaches to the restarted server itself (same
+	// owner token, so the queue entry keeps its place), and the root
+	// retries only what the driver gives up on: either may carry the wait
+	// across. What the root did retry must be the outage.
 	msgs := rec.messages()
-	if len(msgs) == 0 {
-		t.Fatalf("no retry was observed across the restart")
-	}
-	if !anyContains(msgs, "SHUTTING_DOWN") && !anyContains(msgs, "connection refused") && !anyContains(msgs, "NOT_LEADER") {
+	if len(msgs) > 0 && !anyContains(msgs, "SHUTTING_DOWN") && !anyContains(msgs, "connection refused") && !anyContains(msgs, "NOT_LEADER") {
 		t.Fatalf("retried errors %q name neither the shutdown, a refused connection nor an election", msgs)
 	}
 }

@@ -208,7 +208,11 @@ func (s *Server) apiAdvertise() string {
 	if s.cfg.Advertise != "" {
 		return s.cfg.Advertise
 	}
-	return s.Addr()
+	// Not Addr: Start holds Server.mu while the API already serves, and
+	// a NOT_LEADER answer (which names this node's address) must not wait
+	// for Start to return.
+	a, _ := s.boundAPI.Load().(string)
+	return a
 }
 
 // leaderAPI returns the leader's node ID and API address as this node

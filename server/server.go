@@ -66,6 +66,7 @@ type Server struct {
 	// Membership (cluster.go).
 	peers       peers         // gRPC clients of other members' APIs
 	memberMu    sync.Mutex    // one membership change at a time (leader)
+	boundAPI    atomic.Value  // string: the API's bound address, set once listening (read without Server.mu)
 	memberWake  chan struct{} // pokes memberLoop
 	incarnation string        // this data directory's random ID (stable store)
 	raftUp      atomic.Bool   // s.raft is set (read by probe answers, which start before it)
@@ -267,6 +268,7 @@ func (s *Server) Start() (err error) {
 	if err != nil {
 		return fmt.Errorf("dlockd: listen: %w", err)
 	}
+	s.boundAPI.Store(s.ln.Addr().String())
 	s.mux = newConnMux(s.ln, s.lim, s.log, s.cfg.MaxConnections)
 	s.calls = newCallPool(8*runtime.GOMAXPROCS(0), s.stopCh)
 	s.grpcSrv = newGRPCServer(s)

@@ -16,7 +16,7 @@
 // refused as stale then is a violation.
 //
 // The nemesis run (TestNemesis) lasts DLOCK_NEMESIS_DURATION (or
-// -nemesis.duration; default 20s, `make nemesis` runs 60s).
+// -nemesis.duration; default 60s, the run make test does in CI).
 package clustertest
 
 import (

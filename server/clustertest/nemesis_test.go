@@ -19,12 +19,12 @@ import (
 )
 
 var nemesisDuration = flag.Duration("nemesis.duration", 0,
-	"how long TestNemesis injects faults (default: $DLOCK_NEMESIS_DURATION, else 20s)")
+	"how long TestNemesis injects faults (default: $DLOCK_NEMESIS_DURATION, else 60s)")
 
-// defaultNemesis is the length of the nemesis run in `make test`: long
-// enough for a dozen faults, short enough for the test budget. `make
-// nemesis` runs 60s; DLOCK_NEMESIS_DURATION=10m the long run.
-const defaultNemesis = 20 * time.Second
+// defaultNemesis is the length of the nemesis run in `make test` (CI) and
+// `make nemesis`: a few dozen faults. DLOCK_NEMESIS_DURATION=10m is the
+// long run.
+const defaultNemesis = 60 * time.Second
 
 func nemesisLength(t *testing.T) time.Duration {
 	t.Helper()
