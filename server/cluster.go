@@ -67,6 +67,10 @@ const ReasonMemberConflict = "MEMBER_CONFLICT"
 // the node is not in the Raft configuration (it was removed).
 const ReasonNotMember = "NOT_MEMBER"
 
+// ReasonTransferFailed is the reason of a leadership transfer that was
+// refused (no other voter, a target behind the log) or did not complete.
+const ReasonTransferFailed = "TRANSFER_FAILED"
+
 // registerKey is the gRPC metadata key that marks an AddVoter call as a
 // member's registration (see addVoter).
 const registerKey = "dlock-register"
@@ -413,6 +417,16 @@ func (a *clusterAPI) Status(ctx context.Context, req *dlockv1.ClusterStatusReque
 // local, each other member's own state is asked for (in parallel, bounded
 // by 1s).
 func (s *Server) clusterStatus(ctx context.Context, local bool) (*dlockv1.ClusterStatusResponse, error) {
+	if s.removed.Load() {
+		// Its Raft state is stale (it hears from no leader): only its own
+		// entry, saying so; the members are another member's to tell.
+		if !local {
+			return nil, s.removedErr()
+		}
+		self := s.selfInfo()
+		self.State, self.Voter, self.Leader = "Removed", false, false
+		return &dlockv1.ClusterStatusResponse{Term: s.raft.CurrentTerm(), NodeId: s.cfg.NodeID, Members: []*dlockv1.MemberStatus{memberPB(self)}}, nil
+	}
 	lid, lapi := s.leaderAPI()
 	resp := &dlockv1.ClusterStatusResponse{LeaderId: lid, LeaderApi: lapi, Term: s.raft.CurrentTerm(), NodeId: s.cfg.NodeID}
 	if local {
@@ -466,8 +480,16 @@ func memberPB(m MemberInfo) *dlockv1.MemberStatus {
 // Membership comment above).
 func (a *clusterAPI) AddVoter(ctx context.Context, req *dlockv1.AddVoterRequest) (*dlockv1.AddVoterResponse, error) {
 	s := a.s
-	if req.GetId() == "" || len(req.GetId()) > 256 {
-		return nil, apiErr(codes.InvalidArgument, ReasonInvalidRequest, "invalid member id %q: want 1 to 256 bytes", req.GetId())
+	if s.removed.Load() {
+		return nil, s.removedErr()
+	}
+	if registration(ctx) {
+		// A member's registration names an ID already in the configuration.
+		if req.GetId() == "" || len(req.GetId()) > 256 {
+			return nil, apiErr(codes.InvalidArgument, ReasonInvalidRequest, "invalid member id %q: want 1 to 256 bytes", req.GetId())
+		}
+	} else if err := CheckNodeID(req.GetId()); err != nil {
+		return nil, apiErr(codes.InvalidArgument, ReasonInvalidRequest, "invalid member id: %v", err)
 	}
 	if err := checkDialAddr(req.GetRaftAddr()); err != nil {
 		return nil, apiErr(codes.InvalidArgument, ReasonInvalidRequest, "invalid raft_addr %q: %v", req.GetRaftAddr(), err)
@@ -526,13 +548,13 @@ func (s *Server) addVoter(req *dlockv1.AddVoterRequest, register bool) (*dlockv1
 	if cur != nil {
 		if string(cur.Address) != addr {
 			return nil, apiErr(codes.FailedPrecondition, ReasonMemberConflict,
-				"node %q is already a member with Raft address %s, not %s: remove the old member first (dlock cluster remove %s), then add it again", id, cur.Address, addr, id)
+				"node ID %q is already a member at Raft address %s, not %s (%s): if that member is really gone, remove it first (dlock cluster remove %s) and add this node again; otherwise choose another --node-id", id, cur.Address, addr, s.memberContact(id, rec.api), id)
 		}
 		inc := req.GetIncarnation()
 		sameData := inc == "" || rec.incarnation == inc || (!req.GetCheckOnly() && rec.incarnation == "")
 		if !sameData {
 			return nil, apiErr(codes.FailedPrecondition, ReasonMemberConflict,
-				"node %q is already a member, and this node's data directory is not the one that member had (wiped or replaced): it cannot rejoin as if it held the old log; remove the old member first (dlock cluster remove %s), then join again with an empty data directory", id, id)
+				"node ID %q is already a member (at Raft address %s; %s), with another data directory than this node's: this node cannot rejoin as if it held that member's log. If that member is really gone (its data directory lost or wiped), remove it first (dlock cluster remove %s), then join again with an empty data directory; otherwise choose another --node-id", id, cur.Address, s.memberContact(id, rec.api), id)
 		}
 	}
 	want := member{api: req.GetApiAddr(), incarnation: req.GetIncarnation()}
@@ -565,6 +587,9 @@ func (s *Server) addVoter(req *dlockv1.AddVoterRequest, register bool) (*dlockv1
 // RemoveServer implements the Cluster service.
 func (a *clusterAPI) RemoveServer(ctx context.Context, req *dlockv1.RemoveServerRequest) (*dlockv1.RemoveServerResponse, error) {
 	s := a.s
+	if s.removed.Load() {
+		return nil, s.removedErr()
+	}
 	if req.GetId() == "" {
 		return nil, apiErr(codes.InvalidArgument, ReasonInvalidRequest, "invalid member id: empty")
 	}
@@ -610,9 +635,21 @@ func (a *clusterAPI) RemoveServer(ctx context.Context, req *dlockv1.RemoveServer
 	return &dlockv1.RemoveServerResponse{Index: f.Index()}, nil
 }
 
-// TransferLeader implements the Cluster service.
+// TransferLeader implements the Cluster service: it hands leadership to
+// the voter req names (or, with no ID, to the voter raft finds most up to
+// date) and returns the new leader's ID once this node knows it. It
+// answers FAILED_PRECONDITION (TRANSFER_FAILED) when there is no other
+// voter, or when the target is known to be behind the log (its own status
+// says its applied index lags, or it has not heard from this leader for a
+// heartbeat timeout); UNAVAILABLE (TRANSFER_FAILED) when the transfer did
+// not complete and this node is still the leader; UNAVAILABLE
+// (NOT_LEADER, with the new leader as hint) when leadership moved but the
+// new leader is not known yet.
 func (a *clusterAPI) TransferLeader(ctx context.Context, req *dlockv1.TransferLeaderRequest) (*dlockv1.TransferLeaderResponse, error) {
 	s := a.s
+	if s.removed.Load() {
+		return nil, s.removedErr()
+	}
 	if !s.isLeader() {
 		c, err := s.leaderClient(ctx)
 		if err != nil {
@@ -623,38 +660,55 @@ func (a *clusterAPI) TransferLeader(ctx context.Context, req *dlockv1.TransferLe
 	}
 	s.memberMu.Lock()
 	defer s.memberMu.Unlock()
-	var err error
-	if id := req.GetId(); id != "" {
-		if id == s.cfg.NodeID {
-			return &dlockv1.TransferLeaderResponse{LeaderId: id}, nil
+	conf, err := s.raftConfiguration()
+	if err != nil {
+		return nil, s.raftErr(err)
+	}
+	others := 0
+	var target *raft.Server
+	for i := range conf.Servers {
+		srv := &conf.Servers[i]
+		if srv.Suffrage != raft.Voter || string(srv.ID) == s.cfg.NodeID {
+			continue
 		}
-		conf, err := s.raftConfiguration()
-		if err != nil {
-			return nil, s.raftErr(err)
+		others++
+		if string(srv.ID) == req.GetId() {
+			target = srv
 		}
-		var target *raft.Server
-		for i := range conf.Servers {
-			if string(conf.Servers[i].ID) == id && conf.Servers[i].Suffrage == raft.Voter {
-				target = &conf.Servers[i]
-			}
-		}
+	}
+	id := req.GetId()
+	if id == s.cfg.NodeID {
+		return &dlockv1.TransferLeaderResponse{LeaderId: id}, nil
+	}
+	if others == 0 {
+		return nil, apiErr(codes.FailedPrecondition, ReasonTransferFailed, "no other voter to transfer leadership to (this cluster has one voter, %s)", s.cfg.NodeID)
+	}
+	to := "another voter"
+	if id != "" {
 		if target == nil {
 			return nil, apiErr(codes.NotFound, ReasonInvalidRequest, "node %q is not a voter", id)
+		}
+		to = id
+		if why := s.targetBehind(ctx, id); why != "" {
+			return nil, apiErr(codes.FailedPrecondition, ReasonTransferFailed, "transfer to %s refused: the target is behind the log (%s); try again when it has caught up", id, why)
 		}
 		err = s.transferLeadership(func() raft.Future { return s.raft.LeadershipTransferToServer(target.ID, target.Address) })
 	} else {
 		err = s.transferLeadership(s.raft.LeadershipTransfer)
 	}
 	if err != nil {
-		return nil, s.notLeader("leadership transfer failed: %v", err)
+		return nil, s.transferFailed(to, err.Error())
 	}
 	// Wait (bounded) until this node knows the new leader.
 	deadline := time.Now().Add(s.cfg.ElectionTimeout * 5)
 	for {
 		_, lid := s.raft.LeaderWithID()
-		if (lid != "" && string(lid) != s.cfg.NodeID) || time.Now().After(deadline) {
+		if lid != "" && string(lid) != s.cfg.NodeID {
 			s.log.Info("dlockd: leadership transferred", "to", string(lid))
 			return &dlockv1.TransferLeaderResponse{LeaderId: string(lid)}, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, s.transferFailed(to, "no new leader within "+(s.cfg.ElectionTimeout*5).String())
 		}
 		select {
 		case <-ctx.Done():
@@ -662,6 +716,84 @@ func (a *clusterAPI) TransferLeader(ctx context.Context, req *dlockv1.TransferLe
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// transferFailed returns the answer to a leadership transfer to "to" that
+// did not complete: UNAVAILABLE (TRANSFER_FAILED) while this node is still
+// the leader, else NOT_LEADER with the hint of whoever leads now.
+func (s *Server) transferFailed(to, detail string) error {
+	msg := fmt.Sprintf("transfer to %s did not complete (%s): the target may be behind the log; try again when it has caught up", to, detail)
+	if s.isLeader() {
+		s.log.Warn("dlockd: leadership transfer did not complete; still the leader", "to", to, "detail", detail)
+		return apiErr(codes.Unavailable, ReasonTransferFailed, "%s", msg)
+	}
+	return s.notLeader("%s", msg)
+}
+
+// targetBehind asks voter id for its own status (bounded by 1s) and
+// returns why it is behind this leader's log, or "" when it is caught up
+// or cannot tell (no registered API address, no answer): raft's own
+// transfer then catches it up or fails. Behind: it has not heard from this
+// leader for a heartbeat timeout, or its applied index lags this leader's
+// last index by more than 8 batches (MaxAppendEntries) of entries.
+func (s *Server) targetBehind(ctx context.Context, id string) string {
+	m, ok := s.fsm.member(id)
+	if !ok || m.api == "" {
+		return ""
+	}
+	c, err := s.peers.client(m.api)
+	if err != nil {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	r, err := c.Status(forwardCtx(ctx), &dlockv1.ClusterStatusRequest{Local: true})
+	if err != nil || len(r.GetMembers()) != 1 {
+		return ""
+	}
+	own := r.GetMembers()[0]
+	last := s.raft.LastIndex()
+	lag := uint64(0)
+	if last > own.GetAppliedIndex() {
+		lag = last - own.GetAppliedIndex()
+	}
+	if lc := own.GetLastContact(); lc == nil || lc.AsDuration() > s.cfg.HeartbeatTimeout {
+		contact := "never"
+		if lc != nil {
+			contact = lc.AsDuration().Round(time.Millisecond).String() + " ago"
+		}
+		return fmt.Sprintf("its last contact with this leader: %s; applied index %d, leader's last index %d", contact, own.GetAppliedIndex(), last)
+	}
+	if lag > 8*uint64(s.cfg.MaxAppendEntries) {
+		return fmt.Sprintf("applied index %d, leader's last index %d", own.GetAppliedIndex(), last)
+	}
+	return ""
+}
+
+// memberContact describes how member id is doing, for a refusal that
+// names it: its last contact with the leader as its own status says
+// (asked at api, bounded by 500ms), or that it does not answer.
+func (s *Server) memberContact(id, api string) string {
+	if id == s.cfg.NodeID {
+		return "it is this leader"
+	}
+	if api == "" {
+		return "its API address is not registered"
+	}
+	c, err := s.peers.client(api)
+	if err != nil {
+		return "its API at " + api + " cannot be dialed"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	r, err := c.Status(forwardCtx(ctx), &dlockv1.ClusterStatusRequest{Local: true})
+	if err != nil || len(r.GetMembers()) != 1 {
+		return "its API at " + api + " does not answer"
+	}
+	if lc := r.GetMembers()[0].GetLastContact(); lc != nil {
+		return fmt.Sprintf("it answers at %s, last contact with the leader %s ago", api, lc.AsDuration().Round(time.Millisecond))
+	}
+	return "it answers at " + api + ", last contact with the leader unknown"
 }
 
 // loadIncarnation reads this data directory's incarnation from the stable
@@ -895,8 +1027,16 @@ func (s *Server) askMembership() error {
 // leaveCluster cuts this node off from Raft for good after it was removed
 // from the cluster, and says so.
 func (s *Server) leaveCluster(why string) {
+	s.removed.Store(true)
 	s.stream.setOpen(false)
 	s.log.Warn("dlockd: this node was removed from the cluster and takes no further part (its Raft port is shut); to add it again, stop it, empty its data directory and start it with --join", "node", s.cfg.NodeID, "why", why)
+}
+
+// removedErr is the answer of a node that was removed from the cluster
+// (see leaveCluster): UNAVAILABLE (NOT_MEMBER), with no leader hint (its
+// view of the leader is stale).
+func (s *Server) removedErr() error {
+	return apiErr(codes.Unavailable, ReasonNotMember, "this node (%s) was removed from the cluster and takes no further part: ask another member; to add it again, stop it, empty its data directory and start it with --join", s.cfg.NodeID)
 }
 
 // registerSelf makes one attempt at registering this node; nil when its

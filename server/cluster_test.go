@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -411,7 +413,7 @@ func TestCluster_WipedMemberCannotRejoin(t *testing.T) {
 
 	// An operator's add of an existing ID under another Raft address.
 	_, err := cluster.AddVoter(ctx, &dlockv1.AddVoterRequest{Id: nodes[w].cfg.NodeID, RaftAddr: "127.0.0.1:1"})
-	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "remove the old member first") {
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "if that member is really gone, remove it first") {
 		t.Fatalf("add of an existing ID at another address: %v", err)
 	}
 	// An existing address under another ID.
@@ -431,7 +433,7 @@ func TestCluster_WipedMemberCannotRejoin(t *testing.T) {
 	nodes[w].cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	nodes[w].start(t)
 	waitUntil(t, "the refusal logged", func() bool {
-		return strings.Contains(logs.String(), "cannot rejoin as if it held the old log")
+		return strings.Contains(logs.String(), "cannot rejoin as if it held that member's log")
 	})
 	time.Sleep(3 * nodes[w].cfg.HeartbeatTimeout) // the leader keeps trying w's unchanged address
 	if ms := nodes[w].server().Members(); len(ms) != 0 {
@@ -461,6 +463,14 @@ func TestConfig_ValidateCluster(t *testing.T) {
 			c.Join = "10.0.0.2:7450"
 		},
 		"test dial rewrite": func(c *server.Config) { c.RaftDialRewrite = map[string]string{"127.0.0.1:7461": "127.0.0.1:9000"} },
+		"free ports":        func(c *server.Config) { c.Listen, c.RaftBind = "127.0.0.1:0", "127.0.0.1:0" },
+		"port 65535":        func(c *server.Config) { c.Listen = "127.0.0.1:65535" },
+		"node ID charset":   func(c *server.Config) { c.NodeID = "Node_1.a-b" },
+		"unspecified bind on the entry's port": func(c *server.Config) {
+			c.InitialCluster = []server.Peer{{ID: "dlockd-1", RaftAddr: "10.0.0.1:7451"}, {ID: "n2", RaftAddr: "10.0.0.2:7451"}}
+			c.RaftBind = "0.0.0.0:7451"
+			c.PeerCertFile, c.PeerKeyFile, c.PeerCAFile = "c", "k", "ca"
+		},
 	}
 	for name, edit := range ok {
 		c := server.DefaultConfig()
@@ -494,6 +504,31 @@ func TestConfig_ValidateCluster(t *testing.T) {
 		"unspecified listen":  {func(c *server.Config) { c.Listen = "0.0.0.0:7450"; c.Join = "10.0.0.2:7450" }, "set Advertise"},
 		"bad advertise":       {func(c *server.Config) { c.Advertise = "0.0.0.0:7450" }, "Advertise"},
 		"bad rewrite":         {func(c *server.Config) { c.RaftDialRewrite = map[string]string{"x": "127.0.0.1:1"} }, "RaftDialRewrite"},
+		// Every host:port: a non-empty host, a numeric port in 1..65535
+		// (0 only where a listen address may pick a free port).
+		"initial cluster port 99999": {func(c *server.Config) {
+			c.InitialCluster = []server.Peer{three[0], {ID: "n2", RaftAddr: "127.0.0.1:99999"}}
+		}, `member "n2": Raft address "127.0.0.1:99999": port 99999 is outside 1..65535`},
+		"join port 99999":           {func(c *server.Config) { c.Join = "127.0.0.1:99999" }, "Join \"127.0.0.1:99999\": port 99999"},
+		"join port 0":               {func(c *server.Config) { c.Join = "127.0.0.1:0" }, "port is missing or 0"},
+		"advertise port 99999":      {func(c *server.Config) { c.Advertise = "127.0.0.1:99999" }, "Advertise \"127.0.0.1:99999\": port 99999"},
+		"raft advertise port 99999": {func(c *server.Config) { c.RaftAdvertise = "127.0.0.1:99999" }, "RaftAdvertise \"127.0.0.1:99999\": port 99999"},
+		"raft advertise port 0":     {func(c *server.Config) { c.RaftAdvertise = "127.0.0.1:0" }, "RaftAdvertise"},
+		"listen port 99999":         {func(c *server.Config) { c.Listen = "127.0.0.1:99999" }, "Listen \"127.0.0.1:99999\": port 99999"},
+		"listen no host":            {func(c *server.Config) { c.Listen = ":7450" }, "Listen \":7450\": host is empty"},
+		"raft bind port 99999":      {func(c *server.Config) { c.RaftBind = "127.0.0.1:99999" }, "RaftBind \"127.0.0.1:99999\": port 99999"},
+		"raft bind port name":       {func(c *server.Config) { c.RaftBind = "127.0.0.1:http" }, "not a number"},
+		"rewrite port 99999": {func(c *server.Config) {
+			c.RaftDialRewrite = map[string]string{"127.0.0.1:1": "127.0.0.1:99999"}
+		}, "RaftDialRewrite value"},
+		// RaftBind is what others reach when RaftAdvertise is not set.
+		"raft bind not the initial cluster entry": {func(c *server.Config) { c.InitialCluster = three; c.RaftBind = "127.0.0.1:7452" }, "RaftBind is 127.0.0.1:7452 and RaftAdvertise is not set"},
+		"node ID with space, = and comma":         {func(c *server.Config) { c.NodeID = "a b=c,d" }, `NodeID: node ID "a b=c,d": byte ' '`},
+		"node ID too long":                        {func(c *server.Config) { c.NodeID = strings.Repeat("n", 65) }, "want 1 to 64 bytes"},
+		"node ID empty":                           {func(c *server.Config) { c.NodeID = "" }, "NodeID"},
+		"initial cluster ID charset": {func(c *server.Config) {
+			c.InitialCluster = append([]server.Peer{{ID: "n/4", RaftAddr: "127.0.0.1:7481"}}, three...)
+		}, `member "n/4": node ID`},
 	}
 	for name, tc := range bad {
 		c := server.DefaultConfig()
@@ -653,6 +688,124 @@ func TestCluster_RemovedJoinedMemberStaysRemoved(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	waitUntil(t, "n4 says it was removed", func() bool { return strings.Contains(logs.String(), "removed from the cluster") })
+
+	// The removed node says so, with no leader hint, and its status is
+	// its own entry, removed, with no leader.
+	code, m := post(t, n4.cfg.Listen, "/v1/acquire", `{"key":"k","ttl":"10s"}`)
+	if code != http.StatusServiceUnavailable || m["reason"] != "NOT_MEMBER" || !strings.Contains(fmt.Sprint(m["message"]), "was removed from the cluster") || m["leader"] != nil {
+		t.Fatalf("acquire on the removed node: %d %v", code, m)
+	}
+	// gRPC Lock calls too: neither "not ready" nor forwarded.
+	_, err := dlockv1.NewLockClient(dial(t, n4.cfg.Listen)).Acquire(ctx, &dlockv1.AcquireRequest{Key: "k"})
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "NOT_MEMBER") {
+		t.Fatalf("gRPC acquire on the removed node: %v, want UNAVAILABLE NOT_MEMBER", err)
+	}
+	cc := dlockv1.NewClusterClient(dial(t, n4.cfg.Listen))
+	_, err = cc.Status(ctx, &dlockv1.ClusterStatusRequest{})
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "NOT_MEMBER") {
+		t.Fatalf("status on the removed node: %v", err)
+	}
+	_, err = cc.TransferLeader(ctx, &dlockv1.TransferLeaderRequest{})
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "NOT_MEMBER") {
+		t.Fatalf("transfer-leader on the removed node: %v", err)
+	}
+	st, err := cc.Status(ctx, &dlockv1.ClusterStatusRequest{Local: true})
+	if err != nil || st.GetLeaderId() != "" || st.GetLeaderApi() != "" || len(st.GetMembers()) != 1 || st.GetMembers()[0].GetState() != "Removed" || st.GetMembers()[0].GetLeader() || st.GetMembers()[0].GetVoter() {
+		t.Fatalf("local status on the removed node: %v %v", st, err)
+	}
+	// Its Raft port may accept a TCP connection, but refuses Raft
+	// messages: the connection is closed before an answer.
+	tr, err := raft.NewTCPTransport("127.0.0.1:0", nil, 1, 2*time.Second, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	var aer raft.AppendEntriesResponse
+	err = tr.AppendEntries("n4", raft.ServerAddress(n4.cfg.RaftBind), &raft.AppendEntriesRequest{
+		RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte("x"), Addr: []byte("127.0.0.1:1")}, Term: 1 << 40,
+	}, &aer)
+	if err == nil {
+		t.Fatalf("the removed node's Raft port answered an AppendEntries: %+v", aer)
+	}
+}
+
+// TestCluster_SingleNodeRefusals: a single voter refuses an AddVoter with
+// an invalid address or node ID (400 INVALID_REQUEST, nothing added), a
+// leadership transfer (no other voter), and a restart of its data
+// directory under another node ID with advice that does not run it as a
+// live member.
+func TestCluster_SingleNodeRefusals(t *testing.T) {
+	n1 := &node{cfg: clusterConfig(t, "n1")}
+	t.Cleanup(func() { n1.stop(t) })
+	n1.start(t)
+	waitLeader(t, []*node{n1}, -1)
+	for _, body := range []string{
+		`{"id":"n9","raft_addr":"127.0.0.1:99999"}`,
+		`{"id":"n9","raft_addr":":7999"}`,
+		`{"id":"n9","raft_addr":"127.0.0.1:7999","api_addr":"127.0.0.1:99999"}`,
+		`{"id":"a b=c,d","raft_addr":"127.0.0.1:7999"}`,
+		`{"id":"","raft_addr":"127.0.0.1:7999"}`,
+	} {
+		code, m := post(t, n1.cfg.Listen, "/v1/cluster/add", body)
+		if code != http.StatusBadRequest || m["reason"] != "INVALID_REQUEST" {
+			t.Errorf("add %s: %d %v, want 400 INVALID_REQUEST", body, code, m)
+		}
+	}
+	if v := voters(n1.server()); v != "n1" {
+		t.Fatalf("voters after refused adds: %s", v)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cc := dlockv1.NewClusterClient(dial(t, n1.cfg.Listen))
+	for _, id := range []string{"", "n2"} {
+		_, err := cc.TransferLeader(ctx, &dlockv1.TransferLeaderRequest{Id: id})
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "no other voter to transfer leadership to") {
+			t.Fatalf("transfer %q on a single voter: %v", id, err)
+		}
+	}
+
+	// Its data directory, started as another node ID (a removed node's
+	// restart looks the same): the advice is not to use the other ID.
+	n1.stop(t)
+	cfg := n1.cfg
+	cfg.NodeID, cfg.Join = "n4", "127.0.0.1:1"
+	srv, err := server.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = srv.Start()
+	_ = srv.Close()
+	if err == nil || !strings.Contains(err.Error(), "was removed from the cluster") || !strings.Contains(err.Error(), "empty the data dir and start it with --join") || strings.Contains(err.Error(), "start with that node ID") {
+		t.Fatalf("start of n1's data as n4: %v", err)
+	}
+}
+
+// TestCluster_DuplicateNodeIDJoinIsRefused: a second process joining
+// under the ID of a healthy member is refused with advice that does not
+// remove the good member: the ID is taken (where, last contact), choose
+// another --node-id unless that member is really gone.
+func TestCluster_DuplicateNodeIDJoinIsRefused(t *testing.T) {
+	nodes := startCluster(t, 3, nil)
+	l := waitLeader(t, nodes, -1)
+	waitUntil(t, "every member registered", func() bool { return registered(nodes, 3) })
+	w := (l + 1) % 3
+	dup := &node{cfg: clusterConfig(t, nodes[w].cfg.NodeID)}
+	logs := &clusterLogBuffer{}
+	dup.cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	dup.cfg.Join = nodes[l].cfg.Listen
+	t.Cleanup(func() { dup.stop(t) })
+	dup.start(t)
+	waitUntil(t, "the refusal logged", func() bool {
+		out := logs.String()
+		return strings.Contains(out, "is already a member at Raft address "+nodes[w].cfg.RaftBind) &&
+			strings.Contains(out, "last contact with the leader") && strings.Contains(out, "otherwise choose another --node-id")
+	})
+	if strings.Contains(logs.String(), "remove the old member first") {
+		t.Fatalf("the refusal advises removing a healthy member: %s", logs.String())
+	}
+	if v := voters(nodes[l].server()); v != "n1,n2,n3" {
+		t.Fatalf("voters: %s", v)
+	}
 }
 
 // localState returns the node's own Raft term and applied index, from its

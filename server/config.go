@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -27,7 +28,8 @@ type Peer struct {
 // Config configures one dlockd node. Start from DefaultConfig; the zero
 // Config is not valid.
 type Config struct {
-	// NodeID names this node in the Raft configuration. Default "dlockd-1".
+	// NodeID names this node in the Raft configuration: 1 to 64 bytes of
+	// A-Z a-z 0-9 '.' '_' '-' (see CheckNodeID). Default "dlockd-1".
 	NodeID string
 	// Listen is the host:port serving gRPC and JSON over HTTP on one port.
 	// Port 0 picks a free port (see Server.Addr). Default "127.0.0.1:7450".
@@ -40,7 +42,11 @@ type Config struct {
 	// "127.0.0.1:7451".
 	RaftBind string
 	// RaftAdvertise is the Raft address other nodes use to reach this one.
-	// Empty: RaftBind (which must then not be an unspecified address).
+	// Empty: this node's InitialCluster entry, which must then be RaftBind
+	// (or, for a RaftBind on 0.0.0.0 or ::, have its port); without
+	// InitialCluster, RaftBind (which must then not be an unspecified
+	// address). Every address of a Config is host:port with a non-empty
+	// host and a numeric port in 1..65535 (0 only in Listen and RaftBind).
 	RaftAdvertise string
 	// Advertise is the API address (host:port) clients and other members
 	// use to reach this node; it is stored with the member in the
@@ -285,20 +291,20 @@ const maxTTLBound = 100 * 365 * 24 * time.Hour
 func (c Config) Validate() error {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf("dlockd: config: "+format, a...)) }
-	if c.NodeID == "" {
-		bad("NodeID is empty")
+	if err := CheckNodeID(c.NodeID); err != nil {
+		bad("NodeID: %v", err)
 	}
-	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+	if err := checkHostPort(c.Listen, true); err != nil {
 		bad("Listen %q: %v", c.Listen, err)
 	}
 	if c.DataDir == "" {
 		bad("DataDir is empty")
 	}
-	if _, _, err := net.SplitHostPort(c.RaftBind); err != nil {
+	if err := checkHostPort(c.RaftBind, true); err != nil {
 		bad("RaftBind %q: %v", c.RaftBind, err)
 	}
 	if c.RaftAdvertise != "" {
-		if _, _, err := net.SplitHostPort(c.RaftAdvertise); err != nil {
+		if err := checkDialAddr(c.RaftAdvertise); err != nil {
 			bad("RaftAdvertise %q: %v", c.RaftAdvertise, err)
 		}
 	}
@@ -390,17 +396,17 @@ func (c Config) Validate() error {
 // operator may change, writing into c; c's current values are the defaults
 // shown in --help. cmd/dlockd calls it; an embedding program may too.
 func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&c.Listen, "listen", c.Listen, "host:port serving gRPC and JSON over HTTP")
+	fs.StringVar(&c.Listen, "listen", c.Listen, "host:port serving gRPC and JSON over HTTP (port 0: a free port)")
 	fs.StringVar(&c.DataDir, "data", c.DataDir, "directory of the Raft log and snapshots")
-	fs.StringVar(&c.NodeID, "node-id", c.NodeID, "Raft node ID")
-	fs.StringVar(&c.RaftBind, "raft-bind", c.RaftBind, "host:port of the Raft transport")
-	fs.StringVar(&c.RaftAdvertise, "raft-advertise", c.RaftAdvertise, "Raft address other nodes use (default: --raft-bind)")
+	fs.StringVar(&c.NodeID, "node-id", c.NodeID, "Raft node ID: 1 to 64 bytes of A-Z a-z 0-9 . _ -")
+	fs.StringVar(&c.RaftBind, "raft-bind", c.RaftBind, "host:port of the Raft transport (port 0: a free port)")
+	fs.StringVar(&c.RaftAdvertise, "raft-advertise", c.RaftAdvertise, "Raft address other nodes dial (default: with --initial-cluster, this node's entry there, which must then be --raft-bind, or --raft-bind's port on a 0.0.0.0 bind; without, --raft-bind)")
 	fs.StringVar(&c.Advertise, "advertise", c.Advertise, "API address (host:port) clients and other members use to reach this node (default: --listen)")
 	fs.Var(peersFlag{&c.InitialCluster}, "initial-cluster", "every voter of the cluster's first start, this node included: id=raft-host:port,... (ignored once the data dir has state)")
 	fs.StringVar(&c.Join, "join", c.Join, "API address (host:port) of a member of a running cluster to join as a voter on first start")
-	fs.StringVar(&c.PeerCertFile, "peer-cert", c.PeerCertFile, "this node's certificate (PEM) for mutual TLS on the Raft port")
-	fs.StringVar(&c.PeerKeyFile, "peer-key", c.PeerKeyFile, "this node's private key (PEM) for mutual TLS on the Raft port")
-	fs.StringVar(&c.PeerCAFile, "peer-ca", c.PeerCAFile, "CA certificate(s) (PEM) that members' Raft certificates are verified against")
+	fs.StringVar(&c.PeerCertFile, "peer-cert", c.PeerCertFile, "this node's certificate (PEM) for mutual TLS on the Raft port (required with --peer-key and --peer-ca when --raft-bind is not a loopback address)")
+	fs.StringVar(&c.PeerKeyFile, "peer-key", c.PeerKeyFile, "this node's private key (PEM) for mutual TLS on the Raft port (required when --raft-bind is not a loopback address)")
+	fs.StringVar(&c.PeerCAFile, "peer-ca", c.PeerCAFile, "CA certificate(s) (PEM) that members' Raft certificates are verified against (required when --raft-bind is not a loopback address)")
 	fs.Var(rewriteFlag{&c.RaftDialRewrite}, "test-raft-dial-rewrite", "tests only: when Raft dials K, dial V instead (K=V,...)")
 	_ = fs.MarkHidden("test-raft-dial-rewrite")
 	fs.IntVar(&c.MaxWaitersPerKey, "max-waiters-per-key", c.MaxWaitersPerKey, "queue length limit per key")
@@ -463,6 +469,9 @@ func (c Config) validateCluster() []error {
 				bad("InitialCluster: a member has an empty ID (want id=host:port)")
 				continue
 			}
+			if err := CheckNodeID(p.ID); err != nil {
+				bad("InitialCluster: member %q: %v", p.ID, err)
+			}
 			if ids[p.ID] {
 				bad("InitialCluster: node ID %q appears twice", p.ID)
 			}
@@ -478,6 +487,8 @@ func (c Config) validateCluster() []error {
 				self = true
 				if c.RaftAdvertise != "" && c.RaftAdvertise != p.RaftAddr {
 					bad("InitialCluster gives this node (%q) the Raft address %s, but RaftAdvertise is %s: they must be the same", p.ID, p.RaftAddr, c.RaftAdvertise)
+				} else if c.RaftAdvertise == "" && !bindServes(c.RaftBind, p.RaftAddr) {
+					bad("InitialCluster gives this node (%q) the Raft address %s, but RaftBind is %s and RaftAdvertise is not set: the other members would dial %s and find nothing; make --raft-bind %s (or bind 0.0.0.0 on its port), or set --raft-advertise", p.ID, p.RaftAddr, c.RaftBind, p.RaftAddr, p.RaftAddr)
 				}
 			}
 		}
@@ -506,10 +517,10 @@ func (c Config) validateCluster() []error {
 		bad("RaftBind %q is not a loopback address: the Raft port must speak mutual TLS (--peer-cert, --peer-key, --peer-ca), or bind to 127.0.0.1", c.RaftBind)
 	}
 	for k, v := range c.RaftDialRewrite {
-		if _, _, err := net.SplitHostPort(k); err != nil {
+		if err := checkHostPort(k, false); err != nil {
 			bad("RaftDialRewrite key %q: %v", k, err)
 		}
-		if _, _, err := net.SplitHostPort(v); err != nil {
+		if err := checkHostPort(v, false); err != nil {
 			bad("RaftDialRewrite value %q: %v", v, err)
 		}
 	}
@@ -517,17 +528,69 @@ func (c Config) validateCluster() []error {
 }
 
 // checkDialAddr reports whether addr is a host:port another machine can
-// dial: a host that is not empty nor unspecified, and a port that is not 0.
+// dial: a host that is not empty nor unspecified, and a port in 1..65535.
 func checkDialAddr(addr string) error {
+	if err := checkHostPort(addr, false); err != nil {
+		return err
+	}
+	host, _, _ := net.SplitHostPort(addr)
+	if unspecifiedHost(host) {
+		return fmt.Errorf("host %q cannot be dialed (give the address others reach this node at)", host)
+	}
+	return nil
+}
+
+// checkHostPort reports whether addr is host:port with a non-empty host
+// and a numeric port in 1..65535, or 0 when zeroOK (a listen address that
+// may pick a free port).
+func checkHostPort(addr string, zeroOK bool) error {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return err
 	}
-	if unspecifiedHost(host) {
-		return fmt.Errorf("host %q cannot be dialed (give the address others reach this node at)", host)
+	if host == "" {
+		return errors.New("host is empty (want host:port, e.g. 127.0.0.1:7450)")
 	}
-	if port == "" || port == "0" {
+	n, err := strconv.ParseUint(port, 10, 32)
+	switch {
+	case err != nil || port == "":
+		return fmt.Errorf("port %q is not a number", port)
+	case n == 0 && !zeroOK:
 		return errors.New("port is missing or 0")
+	case n > 65535:
+		return fmt.Errorf("port %d is outside 1..65535", n)
+	}
+	return nil
+}
+
+// bindServes reports whether a Raft transport bound to bind is reached at
+// adv: the same address, or, for a bind to an unspecified host (0.0.0.0,
+// ::), the same port (the node then advertises adv).
+func bindServes(bind, adv string) bool {
+	if bind == adv {
+		return true
+	}
+	bh, bp, err1 := net.SplitHostPort(bind)
+	_, ap, err2 := net.SplitHostPort(adv)
+	return err1 == nil && err2 == nil && bh != "" && unspecifiedHost(bh) && bp == ap
+}
+
+// maxNodeIDBytes is the longest node ID.
+const maxNodeIDBytes = 64
+
+// CheckNodeID returns nil when id is a valid node ID: 1 to 64 bytes of
+// ASCII letters, digits, '.', '_' and '-' (so that it can be written in
+// --initial-cluster, in a URL and as a command-line argument), else an
+// error saying what is wrong.
+func CheckNodeID(id string) error {
+	if id == "" || len(id) > maxNodeIDBytes {
+		return fmt.Errorf("node ID %q: want 1 to %d bytes, got %d", id, maxNodeIDBytes, len(id))
+	}
+	for i := 0; i < len(id); i++ {
+		b := id[i]
+		if !('a' <= b && b <= 'z' || 'A' <= b && b <= 'Z' || '0' <= b && b <= '9' || b == '.' || b == '_' || b == '-') {
+			return fmt.Errorf("node ID %q: byte %q at %d is not one of A-Z a-z 0-9 . _ -", id, b, i)
+		}
 	}
 	return nil
 }

@@ -157,6 +157,9 @@ func (s *Server) writable() error {
 		return apiErr(codes.Unavailable, ReasonShuttingDown, "shutting down")
 	default:
 	}
+	if s.removed.Load() {
+		return s.removedErr()
+	}
 	if !s.ready.Load() {
 		// The hint names the leader, or this node itself when it is the
 		// leader still catching up (a client retries it after a pause).

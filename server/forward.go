@@ -233,6 +233,9 @@ func (f *grpcForwarder) unaryInterceptor(ctx context.Context, req any, info *grp
 	if f.s.ready.Load() || !strings.HasPrefix(info.FullMethod, lockMethodPrefix) {
 		return h(ctx, req)
 	}
+	if f.s.removed.Load() { // no longer a member: it forwards nothing
+		return nil, f.s.removedErr()
+	}
 	if forwardedGRPC(ctx) {
 		if err := f.s.writable(); err != nil {
 			return nil, err

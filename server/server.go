@@ -12,6 +12,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -72,6 +74,7 @@ type Server struct {
 	raftUp      atomic.Bool   // s.raft is set (read by probe answers, which start before it)
 	hasState    atomic.Bool   // Raft state exists (restart, bootstrapped or joined): told to probing members
 	failed      chan error    // receives the error that keeps this node out of the cluster (see Failed)
+	removed     atomic.Bool   // removed from the cluster (leaveCluster): calls are answered NOT_MEMBER
 
 	ready atomic.Bool // leader, caught up, countdowns restarted: serving writes
 	// transferring counts leadership transfers this node started that may
@@ -274,7 +277,7 @@ func (s *Server) Start() (err error) {
 	s.grpcSrv = newGRPCServer(s)
 	dlockv1.RegisterClusterServer(s.grpcSrv, &clusterAPI{s: s})
 	s.httpSrv = &http.Server{
-		Handler:           newHTTPHandler(s),
+		Handler:           s.refuseIfRemoved(newHTTPHandler(s)),
 		ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes:    maxHeaderBytes,
 		IdleTimeout:       2 * time.Minute,
@@ -322,7 +325,31 @@ func (s *Server) checkMember() error {
 	if len(servers) == 0 {
 		return nil
 	}
-	return fmt.Errorf("dlockd: data dir %s belongs to node(s) %v, not to --node-id %q: start with that node ID, or use another data dir", s.cfg.DataDir, ids, s.cfg.NodeID)
+	// The members registry (as far as the restored snapshot has it) names
+	// the node whose data directory this is by its incarnation.
+	s.fsm.mu.RLock()
+	ms := s.fsm.copyMembers()
+	s.fsm.mu.RUnlock()
+	for id, m := range ms {
+		if m.incarnation != "" && m.incarnation == s.incarnation && id != s.cfg.NodeID && slices.Contains(ids, id) {
+			return fmt.Errorf("dlockd: data dir %s is member %q's (its Raft configuration, members %v, records this data dir under that ID), not --node-id %q's: start it with --node-id %s, or give this node an empty data dir", s.cfg.DataDir, id, ids, s.cfg.NodeID, id)
+		}
+	}
+	return fmt.Errorf("dlockd: data dir %s has a Raft configuration (members %v) that does not name --node-id %q: this node was removed from the cluster, or the data dir belongs to another node; do not start another member's ID on it (a removed node's old log must not run as a live member): to add this node, empty the data dir and start it with --join", s.cfg.DataDir, ids, s.cfg.NodeID)
+}
+
+// refuseIfRemoved answers the API's JSON routes with NOT_MEMBER once this
+// node was removed from the cluster (see leaveCluster), except the health
+// and metrics routes and this node's own status (?local=true).
+func (s *Server) refuseIfRemoved(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		local := r.URL.Path == "/v1/cluster/status" && r.Method == http.MethodGet && (r.URL.Query().Get("local") == "true" || r.URL.Query().Get("local") == "1")
+		if s.removed.Load() && strings.HasPrefix(r.URL.Path, "/v1/") && !local {
+			_ = writeReply(w, nil, s.removedErr())
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // boltHasLogs reports whether the bbolt file holds log entries (a data
