@@ -78,9 +78,23 @@ func (l *Locker) acquire(ctx context.Context, key string, wait bool, o options) 
 				}
 			}
 		} else {
-			octx, ocancel := context.WithTimeout(actx, o.opTimeout)
+			// An attempt during an outage gets only what is left of the
+			// retry budget, so that the acquisition ends within it (not up
+			// to an op timeout later); one the budget cut keeps the
+			// outage's error as the cause.
+			timeout, shortened := o.opTimeout, false
+			if !outage.IsZero() && budget >= 0 {
+				if left := budget - time.Since(outage); left < timeout {
+					timeout, shortened = max(left, 0), true
+				}
+			}
+			octx, ocancel := context.WithTimeout(actx, timeout)
 			g, err = l.drv.TryAcquire(octx, req)
+			cut := shortened && octx.Err() != nil
 			ocancel()
+			if err != nil && cut && lastErr != nil && ctxEnded(actx) == nil {
+				err = lastErr
+			}
 		}
 		if err == nil {
 			return l.newLease(req, g, sent, o)
@@ -240,12 +254,16 @@ func (l *Locker) cleanupNow(req driver.AcquireRequest, o options) {
 	_ = l.drv.Release(ctx, req.Key, req.Owner)
 }
 
+// cleanupGrace bounds how long Close waits for a background release of an
+// acquisition that failed (see cleanup).
+const cleanupGrace = 500 * time.Millisecond
+
 // cleanup releases, in the background, any grant the owner token may hold
 // after an acquisition that failed in an ambiguous way, so that the caller
 // gets its error without waiting another round trip of a store that may be
 // down. Owner tokens are unique per attempt, so this can never touch
 // another holder's grant, nor a later attempt's. Close waits for pending
-// cleanups.
+// cleanups, each for at most cleanupGrace once Close has begun.
 func (l *Locker) cleanup(req driver.AcquireRequest, o options) {
 	l.mu.Lock()
 	if l.closed {
@@ -261,6 +279,20 @@ func (l *Locker) cleanup(req driver.AcquireRequest, o options) {
 		defer l.cleanups.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), o.opTimeout)
 		defer cancel()
+		// Close waits for this release, but at most cleanupGrace: a store
+		// that does not answer must not hold Close (and a program's exit)
+		// up for another op timeout after the acquisition's budget; the
+		// grant, if any, then ends with its TTL.
+		stop := context.AfterFunc(l.closeCtx, func() {
+			t := time.NewTimer(cleanupGrace)
+			defer t.Stop()
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+				cancel()
+			}
+		})
+		defer stop()
 		_ = l.drv.Release(ctx, req.Key, req.Owner)
 	}()
 }

@@ -618,3 +618,66 @@ func TestAcquire_FullQueueIsAskedLessAndLessOften(t *testing.T) {
 		t.Logf("%d Waits in 10 s", waits)
 	})
 }
+
+// hangingDriver is a memdriver whose TryAcquire fails after slow (the
+// first call) or hangs until its ctx ends (later calls), and whose Release
+// hangs until its ctx ends: a store that stopped answering during an
+// outage.
+type hangingDriver struct {
+	driver.Driver
+	slow  time.Duration
+	mu    sync.Mutex
+	tries int
+}
+
+func (h *hangingDriver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	h.mu.Lock()
+	h.tries++
+	n := h.tries
+	h.mu.Unlock()
+	if n == 1 {
+		select {
+		case <-time.After(h.slow):
+			return driver.Grant{}, errRefused
+		case <-ctx.Done():
+			return driver.Grant{}, ctx.Err()
+		}
+	}
+	<-ctx.Done()
+	return driver.Grant{}, fmt.Errorf("no answer: %w", ctx.Err())
+}
+
+func (h *hangingDriver) Release(ctx context.Context, key, owner string) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// TestTryAcquire_RetryForBoundsTheTotalTime: WithRetryFor(5s) with the
+// default 5 s op timeout against a store that fails slowly and then stops
+// answering ends within the budget: an attempt started near its end gets
+// only what is left, and the error keeps the outage's cause; Close then
+// waits for the background release of the failed attempts only briefly,
+// not another op timeout.
+func TestTryAcquire_RetryForBoundsTheTotalTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hd := &hangingDriver{Driver: memdriver.New(memdriver.NewStore()), slow: 4500 * time.Millisecond}
+		l := dlock.New(hd)
+		start := time.Now()
+		_, err := l.TryAcquire(t.Context(), "k", dlock.WithRetryFor(5*time.Second), dlock.WithTTL(5*time.Second))
+		took := time.Since(start)
+		if !errors.Is(err, dlock.ErrUnavailable) || !strings.Contains(err.Error(), "connection refused") {
+			t.Errorf("err = %v; want ErrUnavailable with the outage's cause", err)
+		}
+		// The outage, and so the budget, counts from the first failed
+		// attempt's start.
+		if took > 5*time.Second {
+			t.Errorf("TryAcquire took %v; want at most the 5s budget", took)
+		}
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if total, limit := time.Since(start), 5*time.Second+time.Second; total > limit {
+			t.Errorf("TryAcquire and Close took %v; want at most %v", total, limit)
+		}
+	})
+}

@@ -93,6 +93,16 @@ type tcluster struct {
 // loaded machine, and waits for a leader.
 func startTestCluster(t *testing.T, n int) *tcluster {
 	t.Helper()
+	c := startTestNodes(t, n, nil)
+	c.waitRegistered()
+	return c
+}
+
+// startTestNodes starts the nodes as startTestCluster does, with tweak
+// (when not nil) applied to the i-th node's configuration before the
+// nodes start, and waits for a leader only.
+func startTestNodes(t *testing.T, n int, tweak func(i int, cfg *server.Config)) *tcluster {
+	t.Helper()
 	c := &tcluster{t: t}
 	var peers []server.Peer
 	for i := range n {
@@ -106,8 +116,11 @@ func startTestCluster(t *testing.T, n int) *tcluster {
 		c.nodes = append(c.nodes, &cnode{cfg: cfg})
 		peers = append(peers, server.Peer{ID: id, RaftAddr: cfg.RaftBind})
 	}
-	for _, nd := range c.nodes {
+	for i, nd := range c.nodes {
 		nd.cfg.InitialCluster = peers
+		if tweak != nil {
+			tweak(i, &nd.cfg)
+		}
 	}
 	for _, nd := range c.nodes {
 		nd.start(t)
@@ -118,7 +131,14 @@ func startTestCluster(t *testing.T, n int) *tcluster {
 		}
 	})
 	c.leader(-1)
-	// Every member's API address is registered, so hints name it.
+	return c
+}
+
+// waitRegistered waits until every member's API address is registered
+// with every member, so that hints name it.
+func (c *tcluster) waitRegistered() {
+	c.t.Helper()
+	n := len(c.nodes)
 	c.waitUntil("every member's API address known to every member", func() bool {
 		for _, nd := range c.nodes {
 			ms := nd.server().Members()
@@ -133,7 +153,6 @@ func startTestCluster(t *testing.T, n int) *tcluster {
 		}
 		return true
 	})
-	return c
 }
 
 // addrs returns the members' API addresses, in order idx (all when empty).
@@ -200,6 +219,27 @@ func (c *tcluster) transfer() int {
 		c.t.Fatalf("transfer leadership from n%d: %v", old+1, err)
 	}
 	return c.leader(old)
+}
+
+// transferTo moves leadership to node i (Cluster service, asked on the
+// current leader) unless it leads already, and waits until it leads.
+func (c *tcluster) transferTo(i int) {
+	c.t.Helper()
+	old := c.leader(-1)
+	if old == i {
+		return
+	}
+	cc, err := grpc.NewClient("passthrough:///"+c.nodes[old].cfg.Listen, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(c.t.Context(), 10*time.Second)
+	defer cancel()
+	if _, err := dlockv1.NewClusterClient(cc).TransferLeader(ctx, &dlockv1.TransferLeaderRequest{Id: c.nodes[i].cfg.NodeID}); err != nil {
+		c.t.Fatalf("transfer leadership from n%d to n%d: %v", old+1, i+1, err)
+	}
+	c.waitUntil(fmt.Sprintf("n%d to lead", i+1), func() bool { return c.leader(-1) == i })
 }
 
 // openDriver opens a Driver through its URL on members idx (all when
@@ -627,5 +667,63 @@ func TestClusterProcess_NoQuorum(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("Acquire not granted within 30 s of the quorum's return")
+	}
+}
+
+// TestCluster_LeaderWithWrongAdvertise: the leader registered an API
+// address nothing listens on (a wrong --advertise), so every follower's
+// hint names it. A Driver whose URL lists the three members' real
+// addresses, the leader last, still acquires and releases within its op
+// timeout (the leader answers at its URL address); a Driver whose URL
+// lacks the leader gives up with an error that names the leader and the
+// address it advertises, not "no leader".
+func TestCluster_LeaderWithWrongAdvertise(t *testing.T) {
+	bad := servertest.FreePort(t) // nothing listens there
+	const wrong = 2               // n3
+	c := startTestNodes(t, 3, func(i int, cfg *server.Config) {
+		if i == wrong {
+			cfg.Advertise = bad
+		}
+	})
+	if c.leader(-1) == wrong {
+		// The followers register their API addresses through the
+		// leader's: let another node lead until they have.
+		c.transfer()
+	}
+	c.waitRegistered()
+	c.transferTo(wrong)
+	c.waitUntil("the followers to name the wrong address", func() bool {
+		for i, nd := range c.nodes {
+			if i == wrong {
+				continue
+			}
+			for _, m := range nd.server().Members() {
+				if m.ID == c.nodes[wrong].cfg.NodeID && m.APIAddr != bad {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	d := c.openDriver((wrong+1)%3, (wrong+2)%3, wrong)
+	for i := range 3 { // later calls too: the belief may rest on the bad address
+		req := driver.AcquireRequest{Key: fmt.Sprintf("adv-%d", i), Owner: fmt.Sprintf("owner-adv-%04d", i), TTL: 5 * time.Second}
+		if _, err := d.TryAcquire(opCtx(t, 5*time.Second), req); err != nil {
+			t.Fatalf("TryAcquire %d with the leader's real address in the URL: %v", i, err)
+		}
+		if err := d.Release(opCtx(t, 5*time.Second), req.Key, req.Owner); err != nil {
+			t.Fatalf("Release %d: %v", i, err)
+		}
+	}
+
+	f := c.openDriver((wrong+1)%3, (wrong+2)%3)
+	_, err := f.TryAcquire(opCtx(t, 2*time.Second), driver.AcquireRequest{Key: "adv-x", Owner: "owner-adv-xxxx", TTL: 5 * time.Second})
+	want := fmt.Sprintf("the leader n%d advertises %s, which refuses connections; check its --advertise", wrong+1, bad)
+	if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "NOT_LEADER") {
+		t.Fatalf("TryAcquire without the leader's real address = %v; want an error saying %q", err, want)
+	}
+	var lerr error = dlock.ErrUnavailable
+	if _, rerr := dlock.New(f).TryAcquire(opCtx(t, 3*time.Second), "adv-y", dlock.WithOpTimeout(time.Second)); !errors.Is(rerr, lerr) || !strings.Contains(rerr.Error(), want) {
+		t.Fatalf("root TryAcquire = %v; want ErrUnavailable saying %q", rerr, want)
 	}
 }

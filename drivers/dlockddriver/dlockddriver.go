@@ -668,6 +668,10 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 // only what the server answered, in its own words, without gRPC's
 // "rpc error: code = ... desc =" wrapping.
 func mapErr(ctx context.Context, op, key string, err error) error {
+	if lu := (*leaderUnreachableError)(nil); errors.As(err, &lu) {
+		// The cause is known and plain: not the context's end.
+		return fmt.Errorf("dlockd %s: %w", op, lu)
+	}
 	st, ok := status.FromError(err)
 	if !ok {
 		st = status.FromContextError(err)

@@ -3,6 +3,7 @@ package dlockddriver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/dlock-dev/dlock/driver"
 	"github.com/dlock-dev/dlock/drivers/internal/notgrpc"
 	"github.com/dlock-dev/dlock/internal/urlparam"
 	dlockv1 "github.com/dlock-dev/dlock/proto/dlock/v1"
@@ -50,6 +52,11 @@ const (
 	// reconnectWait bounds the wait for a single member's connection to
 	// come back before a second attempt (see call).
 	reconnectWait = 250 * time.Millisecond
+	// downFor is how long a member whose connection failed is not
+	// followed as a leader hint: a leader that advertises an address
+	// nothing listens on (a wrong --advertise) must not draw every call
+	// away from the URL's members, among which it may answer directly.
+	downFor = 2 * time.Second
 )
 
 // Metadata keys the driver sends. noForwardKey asks a follower to answer
@@ -84,6 +91,16 @@ type cluster struct {
 	confirmed bool
 	changed   chan struct{}
 	closed    bool
+	// down: when each member's connection last failed (cleared when it
+	// answers); see downFor.
+	down map[*member]downMark
+}
+
+// downMark is when a member's connection failed, and whether it was
+// refused (nothing listens there).
+type downMark struct {
+	at      time.Time
+	refused bool
 }
 
 // newCluster returns the cluster of addrs (at least one, validated and
@@ -244,6 +261,41 @@ func (c *cluster) follow(addr string) *member {
 	return m
 }
 
+// markDown records that m's connection failed now, with err.
+func (c *cluster) markDown(m *member, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.down == nil {
+		c.down = make(map[*member]downMark)
+	}
+	c.down[m] = downMark{at: time.Now(), refused: refusedConn(err)}
+}
+
+// refusedConn reports whether err is a refused connection.
+func refusedConn(err error) bool {
+	return strings.Contains(strings.ToLower(status.Convert(err).Message()), "connection refused")
+}
+
+// markUp forgets a connection failure of m (it answered).
+func (c *cluster) markUp(m *member) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.down, m)
+}
+
+// isDown reports whether the member at addr failed to connect within the
+// last downFor, and whether that connection was refused.
+func (c *cluster) isDown(addr string) (down, refused bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for m, mark := range c.down {
+		if m.addr == addr && time.Since(mark.at) < downFor {
+			return true, mark.refused
+		}
+	}
+	return false, false
+}
+
 // byAddr returns the member at addr, or nil.
 func (c *cluster) byAddr(addr string) *member {
 	c.mu.Lock()
@@ -295,6 +347,49 @@ func leaderHint(err error) (hint string, isNotLeader bool) {
 	}
 	return "", reasonOf(st.Message()) == reasonNotLeader
 }
+
+// hintLeaderID returns the leader's node ID a NOT_LEADER answer carries
+// (ErrorInfo metadata leader_id), or "".
+func hintLeaderID(err error) string {
+	st, _ := status.FromError(err)
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetReason() == reasonNotLeader {
+			return strings.TrimSpace(info.GetMetadata()["leader_id"])
+		}
+	}
+	return ""
+}
+
+// leaderUnreachableError is the error of a call that gave up while the
+// leader the members named could not be connected to at the API address
+// it advertises (its --advertise is wrong, or it is down), and no member
+// in the URL answered as the leader. It is UNAVAILABLE to gRPC's status
+// functions, and its text names the real cause rather than "no leader".
+type leaderUnreachableError struct {
+	id, addr string // the leader's node ID ("" when not named) and API address
+	refused  bool   // the connection was refused (nothing listens there)
+	err      error  // the last attempt's error
+}
+
+func (e *leaderUnreachableError) Error() string {
+	who := "the leader"
+	if e.id != "" {
+		who += " " + e.id
+	}
+	how := "which does not accept connections"
+	if e.refused {
+		how = "which refuses connections"
+	}
+	return fmt.Sprintf("%s advertises %s, %s; check its --advertise", who, e.addr, how)
+}
+
+// GRPCStatus returns UNAVAILABLE with the error's text.
+func (e *leaderUnreachableError) GRPCStatus() *status.Status {
+	return status.New(codes.Unavailable, "dlockd: "+e.Error())
+}
+
+// Unwrap returns the last attempt's error.
+func (e *leaderUnreachableError) Unwrap() error { return e.err }
 
 // reasonOf returns the reason code ending a dlockd error message
 // ("… (NOT_LEADER)"), or "".
@@ -362,9 +457,15 @@ type callResult struct {
 // knows a leader (an election, a self-hint, no hint) it pauses briefly, with
 // jitter, and tries the next member; when a member cannot be reached or
 // does not answer within its share of the time, it tries the next member at
-// once (and after a full round of members, pauses). It keeps trying until
-// ctx ends (or, without a deadline, for noDeadlineBudget), and then returns
-// the last attempt's error. A Driver that knows a single member (one
+// once (and after a full round of members, pauses). A hint naming a member
+// whose connection failed within downFor (a leader whose --advertise names
+// an address nothing listens on) is not followed: the call goes on to the
+// next member, as for a member that cannot be reached, so that the leader
+// answers directly when the URL lists its real address. It keeps trying
+// until ctx ends (or, without a deadline, for the caller's op timeout,
+// driver.OpTimeout, or else noDeadlineBudget), and then returns the last
+// attempt's error, or a *leaderUnreachableError naming the leader and its
+// advertised address when a hint's address could not be connected to. A Driver that knows a single member (one
 // dlockd, and no hint named another) makes one attempt, as a plain gRPC
 // call would, and follows only a hint to another address: the root package
 // retries by its own rules, and a single node that is down is reported at
@@ -382,6 +483,8 @@ func (d *Driver) call(ctx context.Context, o callOpts, fn func(ctx context.Conte
 	var budgetEnd time.Time
 	if dl, ok := ctx.Deadline(); ok {
 		budgetEnd = dl
+	} else if op := driver.OpTimeout(ctx); op > 0 {
+		budgetEnd = time.Now().Add(op)
 	} else {
 		budgetEnd = time.Now().Add(noDeadlineBudget)
 	}
@@ -390,6 +493,19 @@ func (d *Driver) call(ctx context.Context, o callOpts, fn func(ctx context.Conte
 	}
 	hops, tried, pauses := 0, 0, 0
 	reconnected := false
+	// hinted: the leader a hint named when that hint led to m (else
+	// nil); bad: a leader a hint named whose advertised address could not
+	// be connected to, which the error names when the call gives up.
+	var hinted *leaderUnreachableError
+	var bad *leaderUnreachableError
+	fail := func(err error) (callResult, error) {
+		if bad != nil {
+			b := *bad
+			b.err = err
+			return res, &b
+		}
+		return res, err
+	}
 	for {
 		res.m = m
 		client, err := cl.client(m)
@@ -404,8 +520,23 @@ func (d *Driver) call(ctx context.Context, o callOpts, fn func(ctx context.Conte
 			return res, nil
 		}
 		kind, hint := classify(err, attemptEnded)
-		if kind == answered || ctx.Err() != nil {
+		if kind == answered {
+			cl.markUp(m)
 			return res, err
+		}
+		if kind == unreachable && neverSent(err) {
+			cl.markDown(m, err)
+			if hinted != nil && hinted.addr == m.addr {
+				b := *hinted
+				b.refused = refusedConn(err)
+				bad = &b
+			}
+		} else {
+			cl.markUp(m)
+		}
+		hinted = nil
+		if ctx.Err() != nil {
+			return fail(err)
 		}
 		if attemptEnded {
 			cl.demote(m) // frozen or slow: let the next calls start elsewhere
@@ -414,8 +545,24 @@ func (d *Driver) call(ctx context.Context, o callOpts, fn func(ctx context.Conte
 		pause := false
 		switch kind {
 		case notLeader:
+			if down, refused := cl.isDown(hint); down && hint != "" && hint != m.addr {
+				// The hint names a leader whose address failed to
+				// connect: try the next member (the leader may be among
+				// the URL's, and answer there), as for a member that
+				// cannot be reached.
+				bad = &leaderUnreachableError{id: hintLeaderID(err), addr: hint, refused: refused}
+				tried++
+				next = cl.next(m)
+				if tried >= cl.size() {
+					pause, tried = true, 0
+				}
+				break
+			}
 			if hint != "" && hint != m.addr {
 				next = cl.follow(hint)
+				if next != nil {
+					hinted = &leaderUnreachableError{id: hintLeaderID(err), addr: hint}
+				}
 			}
 			if next == nil || hops >= 2*cl.size()+2 {
 				// No usable hint (an election, a node that believes it
@@ -442,7 +589,7 @@ func (d *Driver) call(ctx context.Context, o callOpts, fn func(ctx context.Conte
 					cancel()
 					continue
 				}
-				return res, err
+				return fail(err)
 			}
 			tried++
 			next = cl.next(m)
@@ -454,10 +601,10 @@ func (d *Driver) call(ctx context.Context, o callOpts, fn func(ctx context.Conte
 			if (kind == notLeader && pause) || kind == unreachable {
 				cl.demote(m) // no hint, or gone: let the next call ask another member
 			}
-			return res, err
+			return fail(err)
 		}
 		if pause && cl.size() == 1 {
-			return res, err // one member and no leader known: as above
+			return fail(err) // one member and no leader known: as above
 		}
 		res.retried = true
 		if pause {
@@ -467,13 +614,13 @@ func (d *Driver) call(ctx context.Context, o callOpts, fn func(ctx context.Conte
 				// No time for another attempt: the call's time is its
 				// wait for a leader; end it at its deadline.
 				sleepCtx(ctx, left)
-				return res, err
+				return fail(err)
 			}
 			if !sleepCtx(ctx, wait) {
-				return res, err
+				return fail(err)
 			}
 		} else if !time.Now().Before(budgetEnd) {
-			return res, err
+			return fail(err)
 		}
 		m = next
 	}

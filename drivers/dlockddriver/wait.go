@@ -356,6 +356,11 @@ func (d *Driver) retryTarget(m *member, err error, resent bool) (next *member, o
 	kind, hint := classify(err, false)
 	switch kind {
 	case notLeader:
+		if down, _ := d.cl.isDown(hint); down && hint != "" && hint != m.addr {
+			// The named leader's address failed to connect: the next
+			// member (the leader may answer at its URL address).
+			return d.cl.next(m), true
+		}
 		if hint != "" && hint != m.addr {
 			if h := d.cl.follow(hint); h != nil {
 				return h, true
@@ -366,6 +371,9 @@ func (d *Driver) retryTarget(m *member, err error, resent bool) (next *member, o
 		}
 		return d.cl.next(m), true
 	case unreachable:
+		if neverSent(err) {
+			d.cl.markDown(m, err)
+		}
 		return d.cl.next(m), true
 	}
 	if st, _ := status.FromError(err); resent && st.Code() == codes.AlreadyExists && reasonOf(st.Message()) == reasonDuplicate {

@@ -100,7 +100,12 @@ With -o json: {"node_id" (the member that answered), "leader_id",
 "api_addr", "raft_addr", "voter", "leader", "state" (Leader, Follower,
 Candidate), "term", "last_contact_seconds", "applied_index", "error" (why
 the member's own state is unknown)}]}; term, last_contact_seconds and
-applied_index are null when unknown.`,
+applied_index are null when unknown.
+
+Exit status: 0 when the status shows a leader; 69 when no member could be
+reached, or when the member that answered knows no leader (no quorum, or
+an election under way): the status is printed all the same (with -o json,
+the status object, leader_id empty).`,
 		Example: `  dlock --store dlockd://127.0.0.1:7450,127.0.0.1:7460,127.0.0.1:7470 cluster status`,
 		Args:    exactArgs(0, "dlock cluster status"),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -114,9 +119,16 @@ applied_index are null when unknown.`,
 			}
 			if cc.g.json() {
 				cc.g.printJSON(st)
-				return nil
+			} else if err := writeClusterStatus(cc.g.stdout, st); err != nil {
+				return err
 			}
-			return writeClusterStatus(cc.g.stdout, st)
+			if st.LeaderID == "" {
+				if cc.g.json() {
+					return &exitError{code: ExitUnavailable} // the status is the output
+				}
+				return exit(ExitUnavailable, "cluster status: %s knows no leader: the cluster has no quorum, or an election is under way; retry in a moment, and check that a majority of the voters run", orDash(st.NodeID))
+			}
+			return nil
 		},
 	}
 }
@@ -485,11 +497,12 @@ type clusterClient struct {
 // apiError is an answer of dlockd other than success and "no leader":
 // {"code", "reason", "message"} with its HTTP status.
 type apiError struct {
-	Status  int    `json:"-"`
-	Code    string `json:"code"`
-	Reason  string `json:"reason"`
-	Message string `json:"message"`
-	Leader  string `json:"leader"`
+	Status   int    `json:"-"`
+	Code     string `json:"code"`
+	Reason   string `json:"reason"`
+	Message  string `json:"message"`
+	Leader   string `json:"leader"`
+	LeaderID string `json:"leader_id"`
 }
 
 // memberProblem is why one member did not answer.
@@ -637,6 +650,9 @@ func (c *clusterClient) round(ctx context.Context, method, path string, payload 
 			if leader == "" {
 				leader = hdr.Get("Dlock-Leader")
 			}
+			if refusedByLeader(ae, addr, leader) {
+				return answer{}, nil, apiStatusErr(path, addr, ae)
+			}
 			if leader != "" && !tried[leader] {
 				queue = append([]string{leader}, queue...)
 			}
@@ -647,6 +663,19 @@ func (c *clusterClient) round(ctx context.Context, method, path string, payload 
 		return answer{}, nil, apiStatusErr(path, addr, parseAPIError(status, data))
 	}
 	return answer{}, un, nil
+}
+
+// refusedByLeader reports whether a 503 answer of the member at addr is
+// the leader's refusal rather than "no leader here": a dlockd answer whose
+// reason is neither NOT_LEADER nor SHUTTING_DOWN (a leadership transfer
+// that failed), or a NOT_LEADER answer naming addr itself as the leader
+// (an older dlockd's refused transfer), unless it says the leader is still
+// catching up on its log (a new leader about to serve).
+func refusedByLeader(ae *apiError, addr, leader string) bool {
+	if ae.Code != "" && ae.Reason != "" && ae.Reason != "NOT_LEADER" && ae.Reason != "SHUTTING_DOWN" && !notLeader(ae) {
+		return true
+	}
+	return notLeader(ae) && leader != "" && leader == addr && !strings.Contains(ae.Message, "catching up")
 }
 
 // notLeader reports whether a refusal says the cluster has no leader (or

@@ -168,7 +168,7 @@ func TestCluster_StatusTransferAddRemove(t *testing.T) {
 	var out, errOut string
 	for range 50 {
 		code, out, errOut = runCLI(t, "--store", store, "cluster", "status")
-		if code != 0 {
+		if code != 0 && (code != ExitUnavailable || !strings.HasPrefix(out, "no leader known")) {
 			t.Fatalf("cluster status: exit %d: %s", code, errOut)
 		}
 		if strings.HasPrefix(out, "leader ") {
@@ -350,4 +350,74 @@ func TestCluster_ClientRouting(t *testing.T) {
 	if code != ExitUnavailable || !strings.Contains(errOut, "may or may not have been applied") {
 		t.Fatalf("remove through a silent member: exit %d: %s", code, errOut)
 	}
+}
+
+// TestCluster_StatusWithoutLeaderExits69: with two of three members down
+// the survivor knows no leader: cluster status prints the table (or the
+// -o json status) and exits 69, as its help says.
+func TestCluster_StatusWithoutLeaderExits69(t *testing.T) {
+	nodes := startTestCluster(t, 3)
+	store := storeOf(nodes)
+	waitStatus(t, store, func(st *clusterStatus) bool { return len(st.Members) == 3 })
+	nodes[0].stop()
+	nodes[1].stop()
+	deadline := time.Now().Add(20 * time.Second)
+	var code int
+	var out, errOut string
+	for {
+		code, out, errOut = runCLI(t, "--store", store, "cluster", "status", "--retry-for", "0s")
+		if code != 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond) // n3 still remembers the leader
+	}
+	if code != ExitUnavailable || !strings.HasPrefix(out, "no leader known") || !strings.Contains(out, "n3") || !strings.Contains(errOut, "knows no leader") {
+		t.Fatalf("status without a leader: exit %d; stdout:\n%s\nstderr: %s; want exit 69 after the table", code, out, errOut)
+	}
+	code, out, _ = runCLI(t, "--store", store, "cluster", "status", "--retry-for", "0s", "-o", "json")
+	var st clusterStatus
+	if err := json.Unmarshal([]byte(out), &st); code != ExitUnavailable || err != nil || st.LeaderID != "" || len(st.Members) != 3 {
+		t.Fatalf("status -o json without a leader: exit %d, %q (%v); want exit 69 and the status object", code, out, err)
+	}
+}
+
+// TestCluster_TransferRefusedByTheLeader: a leader that refuses a transfer
+// with 503 NOT_LEADER naming itself (an older dlockd on a single voter), or
+// with 503 TRANSFER_FAILED, has answered: exit 1 at once with its message,
+// never 69 "no leader" after retrying. A real single-voter cluster refuses
+// too (exit 1).
+func TestCluster_TransferRefusedByTheLeader(t *testing.T) {
+	for _, answer := range []string{
+		`{"code":"UNAVAILABLE","reason":"NOT_LEADER","message":"dlockd: leadership transfer failed: cannot find peer; leader n1 at ADDR (NOT_LEADER)","leader":"ADDR","leader_id":"n1"}`,
+		`{"code":"UNAVAILABLE","reason":"TRANSFER_FAILED","message":"dlockd: leadership transfer failed: cannot find peer (TRANSFER_FAILED)"}`,
+	} {
+		var addr string
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == clusterStatusPath {
+				_, _ = fmt.Fprintf(w, `{"members":[{"id":"n1","api_addr":"%s","raft_addr":"R","voter":true,"leader":true}],"leader_id":"n1","leader_api":"%s","term":"2","node_id":"n1"}`, addr, addr)
+				return
+			}
+			w.Header().Set("Dlock-Leader", addr)
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte(strings.ReplaceAll(answer, "ADDR", addr)))
+		}))
+		addr = strings.TrimPrefix(srv.URL, "http://")
+		start := time.Now()
+		code, _, errOut := runCLI(t, "--store", "dlockd://"+addr, "cluster", "transfer-leader", "--retry-for", "5s")
+		srv.Close()
+		if took := time.Since(start); code != 1 || !strings.Contains(errOut, "leadership transfer failed: cannot find peer") ||
+			strings.Contains(errOut, "no leader") || took > 3*time.Second {
+			t.Errorf("transfer refused by the leader (%.40s...): exit %d after %v: %s; want exit 1 at once with the server's message", answer, code, took.Round(time.Millisecond), errOut)
+		}
+	}
+
+	nodes := startTestCluster(t, 1)
+	store := storeOf(nodes)
+	waitStatus(t, store, func(*clusterStatus) bool { return true })
+	start := time.Now()
+	code, _, errOut := runCLI(t, "--store", store, "cluster", "transfer-leader", "--retry-for", "5s")
+	if took := time.Since(start); code != 1 || strings.Contains(errOut, "no leader") || took > 3*time.Second {
+		t.Fatalf("transfer-leader on a single voter: exit %d after %v: %s; want exit 1 at once", code, took.Round(time.Millisecond), errOut)
+	}
+	t.Logf("single voter: %s", strings.TrimSpace(errOut))
 }
