@@ -214,7 +214,7 @@ func TestServer_RefusesDataDirOfAnotherNode(t *testing.T) {
 	}
 	err = s.Start()
 	defer s.Close()
-	if err == nil || !strings.Contains(err.Error(), `not to --node-id "another-node"`) {
+	if err == nil || !strings.Contains(err.Error(), `does not name --node-id "another-node"`) || !strings.Contains(err.Error(), "empty the data dir") {
 		t.Fatalf("start on another node's data dir: %v", err)
 	}
 }

@@ -63,14 +63,34 @@ type streamLayer struct {
 // trackedConn is a connection handed to Raft; the layer closes it on Close
 // (raft's NetworkTransport.Close leaves its connections open, and their
 // reading goroutines with them).
+//
+// An accepted connection is served by raft's handleConn goroutine, which
+// closes it when it returns (and calls into Raft, heartbeats included,
+// until then): its Close marks the handler done (handled), so that the
+// layer's Close can wait for the handlers and the server closes its stores
+// only after the last one returned. A heartbeat handled after the stable
+// store was closed made raft panic ("failed to save current term: database
+// not open").
 type trackedConn struct {
 	net.Conn
-	l    *streamLayer
-	once sync.Once
+	l       *streamLayer
+	once    sync.Once
+	handled chan struct{} // accepted connections: closed by the first Close from Raft
+	hOnce   sync.Once
 }
 
-// Close closes the connection and forgets it.
+// Close closes the connection and forgets it. Raft calls it when it is done
+// with the connection.
 func (c *trackedConn) Close() error {
+	if c.handled != nil {
+		c.hOnce.Do(func() { close(c.handled) })
+	}
+	return c.shut()
+}
+
+// shut closes the connection and forgets it, without marking its handler
+// done (the layer's Close uses it).
+func (c *trackedConn) shut() error {
 	var err error
 	c.once.Do(func() {
 		c.l.mu.Lock()
@@ -82,8 +102,12 @@ func (c *trackedConn) Close() error {
 }
 
 // track wraps c so that Close closes it; a closed layer closes c at once.
-func (l *streamLayer) track(c net.Conn) (net.Conn, error) {
+// accepted says c goes to Raft's handler (see trackedConn).
+func (l *streamLayer) track(c net.Conn, accepted bool) (net.Conn, error) {
 	tc := &trackedConn{Conn: c, l: l}
+	if accepted {
+		tc.handled = make(chan struct{})
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.down {
@@ -271,7 +295,7 @@ func (c *peekedConn) Read(p []byte) (int, error) {
 
 // deliver hands c to Accept, or closes it when the layer is closed.
 func (l *streamLayer) deliver(c net.Conn) {
-	c, err := l.track(c)
+	c, err := l.track(c, true)
 	if err != nil {
 		return
 	}
@@ -310,9 +334,23 @@ func (l *streamLayer) Close() error {
 		}
 		l.mu.Unlock()
 		for _, c := range live {
-			_ = c.Close()
+			_ = c.shut()
 		}
 		l.wg.Wait()
+		// Wait (bounded) for Raft's handlers of accepted connections to
+		// return: they see the closed connection at their next read.
+		deadline := time.NewTimer(2 * time.Second)
+		defer deadline.Stop()
+		for _, c := range live {
+			if c.handled == nil {
+				continue
+			}
+			select {
+			case <-c.handled:
+			case <-deadline.C:
+				return
+			}
+		}
 	})
 	return err
 }
@@ -334,7 +372,7 @@ func (l *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (n
 	if err != nil {
 		return nil, err
 	}
-	return l.track(c)
+	return l.track(c, false)
 }
 
 // dial connects to address as Dial does, whatever the gate.
