@@ -81,11 +81,6 @@ func registration(ctx context.Context) bool {
 	return len(md.Get(registerKey)) > 0
 }
 
-// forwardedKey is the gRPC metadata key (and, as Dlock-Forwarded, the HTTP
-// header) of a call forwarded by a follower: the receiver never forwards
-// it again.
-const forwardedKey = "dlock-forwarded"
-
 // incarnationKey is the stable store key of this data directory's
 // incarnation.
 var incarnationKey = []byte("dlockd_incarnation")
@@ -339,15 +334,23 @@ func (p *peers) close() {
 	p.conns = nil
 }
 
-// forwarded reports whether ctx is a call a follower forwarded.
-func forwarded(ctx context.Context) bool {
-	md, _ := metadata.FromIncomingContext(ctx)
-	return len(md.Get(forwardedKey)) > 0
+// forwardCtx marks ctx as forwarded (mdForwarded, forward.go): the
+// receiver never forwards the call again.
+func forwardCtx(ctx context.Context) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, mdForwarded, "1")
 }
 
-// forwardCtx marks ctx as forwarded.
-func forwardCtx(ctx context.Context) context.Context {
-	return metadata.AppendToOutgoingContext(ctx, forwardedKey, "1")
+// onLeader runs call on the leader's Cluster service, marked as forwarded,
+// and returns the leader's answer as this node's own (passThrough); or
+// leaderClient's NOT_LEADER error.
+func onLeader[Resp any](s *Server, ctx context.Context, call func(dlockv1.ClusterClient, context.Context) (Resp, error)) (Resp, error) {
+	c, err := s.leaderClient(ctx)
+	if err != nil {
+		var none Resp
+		return none, err
+	}
+	resp, err := call(c, forwardCtx(ctx))
+	return resp, s.passThrough(err)
 }
 
 // clusterAPI implements dlockv1.ClusterServer.
@@ -361,7 +364,7 @@ type clusterAPI struct {
 // forwarded already or the leader's API address is unknown.
 func (s *Server) leaderClient(ctx context.Context) (dlockv1.ClusterClient, error) {
 	id, api := s.leaderAPI()
-	if forwarded(ctx) || api == "" || id == s.cfg.NodeID {
+	if forwardedGRPC(ctx) || api == "" || id == s.cfg.NodeID {
 		return nil, s.notLeader("not the leader")
 	}
 	return s.peers.client(api)
@@ -503,16 +506,13 @@ func (a *clusterAPI) AddVoter(ctx context.Context, req *dlockv1.AddVoterRequest)
 		return nil, apiErr(codes.InvalidArgument, ReasonInvalidRequest, "invalid incarnation: %d bytes > 128", len(req.GetIncarnation()))
 	}
 	if !s.isLeader() {
-		c, err := s.leaderClient(ctx)
-		if err != nil {
-			return nil, err
-		}
-		fctx := forwardCtx(ctx)
-		if registration(ctx) {
-			fctx = metadata.AppendToOutgoingContext(fctx, registerKey, "1")
-		}
-		resp, err := c.AddVoter(fctx, req)
-		return resp, s.passThrough(err)
+		reg := registration(ctx)
+		return onLeader(s, ctx, func(c dlockv1.ClusterClient, fctx context.Context) (*dlockv1.AddVoterResponse, error) {
+			if reg {
+				fctx = metadata.AppendToOutgoingContext(fctx, registerKey, "1")
+			}
+			return c.AddVoter(fctx, req)
+		})
 	}
 	return s.addVoter(req, registration(ctx))
 }
@@ -594,12 +594,9 @@ func (a *clusterAPI) RemoveServer(ctx context.Context, req *dlockv1.RemoveServer
 		return nil, apiErr(codes.InvalidArgument, ReasonInvalidRequest, "invalid member id: empty")
 	}
 	if !s.isLeader() {
-		c, err := s.leaderClient(ctx)
-		if err != nil {
-			return nil, err
-		}
-		resp, err := c.RemoveServer(forwardCtx(ctx), req)
-		return resp, s.passThrough(err)
+		return onLeader(s, ctx, func(c dlockv1.ClusterClient, fctx context.Context) (*dlockv1.RemoveServerResponse, error) {
+			return c.RemoveServer(fctx, req)
+		})
 	}
 	s.memberMu.Lock()
 	defer s.memberMu.Unlock()
@@ -651,12 +648,9 @@ func (a *clusterAPI) TransferLeader(ctx context.Context, req *dlockv1.TransferLe
 		return nil, s.removedErr()
 	}
 	if !s.isLeader() {
-		c, err := s.leaderClient(ctx)
-		if err != nil {
-			return nil, err
-		}
-		resp, err := c.TransferLeader(forwardCtx(ctx), req)
-		return resp, s.passThrough(err)
+		return onLeader(s, ctx, func(c dlockv1.ClusterClient, fctx context.Context) (*dlockv1.TransferLeaderResponse, error) {
+			return c.TransferLeader(fctx, req)
+		})
 	}
 	s.memberMu.Lock()
 	defer s.memberMu.Unlock()
