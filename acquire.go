@@ -127,6 +127,10 @@ func (l *Locker) acquire(ctx context.Context, key string, wait bool, o options) 
 		ended := ctxEnded(actx)
 		closing := context.Cause(actx) == ErrClosed && ctx.Err() == nil
 		switch {
+		case errors.Is(err, ErrPermissionDenied) && ended == nil:
+			// Refused for its credentials before the store took anything:
+			// nothing to release (and a release would be refused, and
+			// audited, too).
 		case ended != nil && closing && waited:
 			// The Locker is closing: the driver's Wait has removed what it
 			// left on the store before returning (its contract), within its

@@ -59,7 +59,10 @@
 // or store URL) is ErrInvalidArgument, or the specific ErrInvalidKey,
 // ErrInvalidTTL or ErrInvalidHolder that match it: never ErrUnavailable,
 // never retried, and never turned into a degraded lease by WithFailOpen.
-// Keys, TTLs and holders are checked before any store is called.
+// Keys, TTLs and holders are checked before any store is called. A call the
+// store refuses for its credentials (a token dlockd does not know, or an
+// identity without the permission on the key) is ErrPermissionDenied,
+// which matches ErrInvalidArgument too.
 //
 // # Stores
 //
@@ -121,6 +124,12 @@ var (
 	// MaxHolderBytes (256) bytes, not valid UTF-8, or contains a control
 	// character. Matches ErrInvalidArgument.
 	ErrInvalidHolder = driver.ErrInvalidHolder
+	// ErrPermissionDenied: the store refused the call for its credentials
+	// (dlockd with --auth-file: the token's identity lacks the permission
+	// on the key, or the token is missing, unknown or revoked). Matches
+	// ErrInvalidArgument, never ErrUnavailable; retrying cannot help. The
+	// dlock CLI exits 77 (EX_NOPERM).
+	ErrPermissionDenied = driver.ErrPermissionDenied
 	// ErrStaleFence: a resource refused a write whose fencing token is not
 	// greater than one it has already seen (package dlock/fence).
 	ErrStaleFence = driver.ErrStaleFence

@@ -201,7 +201,7 @@ func (ls *Lease) end(ctx context.Context, reason error) error {
 		err = l.classify("release", ls.key, ctx, l.drv.Release(octx, ls.key, ls.owner))
 		cancel()
 	}
-	l.observer(ls.opts).LeaseEnded(EndEvent{Store: l.store, KeyClass: ls.opts.keyClass, Held: time.Since(ls.start)})
+	l.observer(ls.opts).LeaseEnded(EndEvent{Store: l.store, KeyClass: ls.opts.keyClass, Held: time.Since(ls.start), TTL: ls.opts.ttl})
 	ls.mu.Lock()
 	ls.relErr = err
 	if errors.Is(err, ErrLeaseLost) {
@@ -250,7 +250,7 @@ func (ls *Lease) lose(reason string, cause error) {
 	ls.hbCancel()
 	l.forget(ls)
 	l.observer(ls.opts).LeaseEnded(EndEvent{
-		Store: l.store, KeyClass: ls.opts.keyClass, Held: time.Since(ls.start),
+		Store: l.store, KeyClass: ls.opts.keyClass, Held: time.Since(ls.start), TTL: ls.opts.ttl,
 		Lost: true, LostReason: reason,
 	})
 }

@@ -47,6 +47,10 @@ type RenewEvent struct {
 type EndEvent struct {
 	Store, KeyClass string
 	Held            time.Duration
+	// TTL is the lease's TTL (WithTTL, or the default): Held/TTL says how
+	// much of the work relied on renewals, which is what the "hold time
+	// above half the TTL" alert of package metrics watches.
+	TTL time.Duration
 	// Lost is true when the lease was lost rather than released;
 	// LostReason then says why.
 	Lost       bool

@@ -98,6 +98,13 @@ var (
 	// MaxHolderBytes, not valid UTF-8, or contains a control character. It
 	// matches ErrInvalidArgument.
 	ErrInvalidHolder error = &invalidError{"invalid holder"}
+	// ErrPermissionDenied: the store refused the call for its credentials:
+	// the caller's identity lacks the permission on the key, or the store
+	// does not know the caller (no token, an unknown or revoked one). It
+	// matches ErrInvalidArgument (the request was refused and retrying
+	// cannot help; never ErrUnavailable, so WithFailOpen never runs work
+	// because of it): test ErrPermissionDenied first to tell it apart.
+	ErrPermissionDenied error = &invalidError{"permission denied"}
 	// ErrStaleFence: a resource refused a write because a greater fencing
 	// token has already been seen.
 	ErrStaleFence = errors.New("stale fencing token")

@@ -7,12 +7,28 @@
 //	dlock_acquire_duration_seconds{result}  histogram: time to acquire, by result
 //	dlock_acquire_contended_total           counter: attempts that found the key held
 //	dlock_hold_duration_seconds             histogram: time from grant to release or loss
+//	dlock_hold_ttl_ratio                    histogram: that time divided by the lease's TTL
 //	dlock_renewals_total{result}            counter: renewals, result "ok" or "error"
 //	dlock_renewal_margin_seconds            histogram: validity left when a renewal was confirmed
 //	dlock_leases_lost_total{reason}         counter: leases lost while held ("expired", "not_owner", "store_reported")
 //
 // The renewal margin is the early warning that a TTL is too short for the
 // store's latency: when it approaches zero, leases are about to be lost.
+//
+// # Hold time against the TTL
+//
+// dlock_hold_ttl_ratio is each lease's hold time divided by its own TTL
+// (dlock.EndEvent.TTL), so leases of different TTLs share one histogram and
+// its quantiles compare with the TTL directly: a p99 above 0.5 says that
+// 1% of the work outlives half its TTL, so it rests on renewals arriving
+// in time, and one stalled renewal (a GC pause, a slow store) can end the
+// lease mid-work. deploy/prometheus/alerts.yaml alerts on it
+// (DlockHoldTimeNearTTL):
+//
+//	histogram_quantile(0.99, sum by (store, key_class, le) (rate(dlock_hold_ttl_ratio_bucket[10m]))) > 0.5
+//
+// Its buckets have a bound at 0.5 (and 0.25, 0.75, 1), so that quantile is
+// exact at the threshold rather than interpolated across it.
 package metrics
 
 import (
@@ -21,11 +37,17 @@ import (
 	"github.com/dlock-dev/dlock"
 )
 
+// HoldTTLBuckets are the upper bounds of dlock_hold_ttl_ratio (hold time
+// divided by the lease's TTL, no unit). 0.5 is a bound: the alert on the
+// p99 above half the TTL reads it without interpolation.
+var HoldTTLBuckets = []float64{0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2, 5, 10, 100}
+
 // Collector gathers dlock's metrics. It is safe for concurrent use.
 type Collector struct {
 	acquire   *prometheus.HistogramVec
 	contended *prometheus.CounterVec
 	hold      *prometheus.HistogramVec
+	holdTTL   *prometheus.HistogramVec
 	renewals  *prometheus.CounterVec
 	margin    *prometheus.HistogramVec
 	lost      *prometheus.CounterVec
@@ -55,6 +77,11 @@ func NewCollector() *Collector {
 			Namespace: "dlock", Name: "hold_duration_seconds",
 			Help:    "Time from grant to release or loss, in seconds.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 12), // 1ms .. ~70min
+		}, labels),
+		holdTTL: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "dlock", Name: "hold_ttl_ratio",
+			Help:    "Time from grant to release or loss divided by the lease's TTL (above 1: the lease lived on renewals).",
+			Buckets: HoldTTLBuckets,
 		}, labels),
 		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "dlock", Name: "renewals_total",
@@ -93,6 +120,9 @@ func (c *Collector) Renewed(e dlock.RenewEvent) {
 // LeaseEnded implements dlock.Observer.
 func (c *Collector) LeaseEnded(e dlock.EndEvent) {
 	c.hold.WithLabelValues(e.Store, e.KeyClass).Observe(e.Held.Seconds())
+	if e.TTL > 0 { // an Observer event built without a TTL has no ratio
+		c.holdTTL.WithLabelValues(e.Store, e.KeyClass).Observe(e.Held.Seconds() / e.TTL.Seconds())
+	}
 	if e.Lost {
 		c.lost.WithLabelValues(e.Store, e.KeyClass, e.LostReason).Inc()
 	}
@@ -103,6 +133,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.acquire.Describe(ch)
 	c.contended.Describe(ch)
 	c.hold.Describe(ch)
+	c.holdTTL.Describe(ch)
 	c.renewals.Describe(ch)
 	c.margin.Describe(ch)
 	c.lost.Describe(ch)
@@ -113,6 +144,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.acquire.Collect(ch)
 	c.contended.Collect(ch)
 	c.hold.Collect(ch)
+	c.holdTTL.Collect(ch)
 	c.renewals.Collect(ch)
 	c.margin.Collect(ch)
 	c.lost.Collect(ch)

@@ -8,6 +8,13 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 [ -d /usr/share/zookeeper ] || missing+=(zookeeper)
+# promtool checks deploy/prometheus's alert rules; Chromium drives the
+# dashboard's browser test (headless, started by the test itself).
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+# systemd-analyze verifies deploy/systemd's unit.
+command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
@@ -19,6 +26,6 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 # Debian starts the packaged services; the tests use their own instances.
-for svc in redis-server postgresql etcd zookeeper; do
+for svc in redis-server postgresql etcd zookeeper prometheus prometheus-node-exporter; do
   $SUDO service "$svc" stop >/dev/null 2>&1 || true
 done

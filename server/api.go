@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc"
@@ -36,6 +37,7 @@ func newGRPCServer(s *Server) *grpc.Server {
 	lim := s.limits()
 	g := grpc.NewServer(
 		grpc.MaxRecvMsgSize(s.cfg.MaxRequestBytes),
+		grpc.Creds(apiCreds{}), // the mux did the TLS handshake; this passes its state on (tls.go)
 		// Static flow-control windows: no BDP ping probing on every
 		// connection, which costs a round of frames per burst of small
 		// messages. A stream's window is HTTP/2's default, 64 KiB (about
@@ -68,8 +70,10 @@ func newGRPCServer(s *Server) *grpc.Server {
 		// answer; recovery covers the limits and the handler.
 		// Forwarding to the leader comes last, so that a forwarded call
 		// is counted, recovered and limited as a local one.
-		grpc.ChainUnaryInterceptor(s.metrics.unaryInterceptor, s.recoverUnary, lim.unaryInterceptor, newGRPCForwarder(s).unaryInterceptor),
-		grpc.ChainStreamInterceptor(s.metrics.streamInterceptor, s.recoverStream, lim.streamInterceptor),
+		// Authentication (auth.go) comes before forwarding: a follower
+		// checks a call before it forwards it.
+		grpc.ChainUnaryInterceptor(s.metrics.unaryInterceptor, s.recoverUnary, lim.unaryInterceptor, s.authUnary, newGRPCForwarder(s).unaryInterceptor),
+		grpc.ChainStreamInterceptor(s.metrics.streamInterceptor, s.recoverStream, lim.streamInterceptor, s.authStream),
 	)
 	dlockv1.RegisterLockServer(g, &api{s: s})
 	return g
@@ -117,6 +121,9 @@ func grantPB(g acquireOut) *dlockv1.AcquireResponse {
 
 // Acquire implements dlockv1.LockServer.
 func (a *api) Acquire(ctx context.Context, req *dlockv1.AcquireRequest) (*dlockv1.AcquireResponse, error) {
+	if err := a.s.authorizeRequest(ctx, req); err != nil { // lock (auth.go)
+		return nil, err
+	}
 	in, err := a.acquireIn(req)
 	if err != nil {
 		return nil, err
@@ -139,6 +146,9 @@ func (a *api) Wait(stream dlockv1.Lock_WaitServer) error {
 	}
 	req, err := stream.Recv()
 	if err != nil {
+		return err
+	}
+	if err := a.s.authorizeRequest(stream.Context(), req); err != nil { // lock (auth.go)
 		return err
 	}
 	in, err := a.acquireIn(req)
@@ -171,6 +181,9 @@ func (a *api) Wait(stream dlockv1.Lock_WaitServer) error {
 
 // Renew implements dlockv1.LockServer.
 func (a *api) Renew(ctx context.Context, req *dlockv1.RenewRequest) (*dlockv1.RenewResponse, error) {
+	if err := a.s.authorizeRequest(ctx, req); err != nil { // lock on every key (auth.go)
+		return nil, err
+	}
 	items := make([]renewIn, len(req.GetItems()))
 	for i, it := range req.GetItems() {
 		ttl, err := dur(it.GetTtl())
@@ -196,6 +209,9 @@ func (a *api) Renew(ctx context.Context, req *dlockv1.RenewRequest) (*dlockv1.Re
 
 // Release implements dlockv1.LockServer.
 func (a *api) Release(ctx context.Context, req *dlockv1.ReleaseRequest) (*dlockv1.ReleaseResponse, error) {
+	if err := a.s.authorizeRequest(ctx, req); err != nil { // lock (auth.go)
+		return nil, err
+	}
 	next, err := a.s.release(req.GetKey(), req.GetOwner())
 	if err != nil {
 		return nil, err
@@ -205,6 +221,9 @@ func (a *api) Release(ctx context.Context, req *dlockv1.ReleaseRequest) (*dlockv
 
 // CancelWait implements dlockv1.LockServer.
 func (a *api) CancelWait(ctx context.Context, req *dlockv1.CancelWaitRequest) (*dlockv1.CancelWaitResponse, error) {
+	if err := a.s.authorizeRequest(ctx, req); err != nil { // lock (auth.go)
+		return nil, err
+	}
 	r, err := a.s.cancelWait(req.GetKey(), req.GetOwner())
 	if err != nil {
 		return nil, err
@@ -214,6 +233,9 @@ func (a *api) CancelWait(ctx context.Context, req *dlockv1.CancelWaitRequest) (*
 
 // CheckFence implements dlockv1.LockServer.
 func (a *api) CheckFence(ctx context.Context, req *dlockv1.CheckFenceRequest) (*dlockv1.CheckFenceResponse, error) {
+	if err := a.s.authorizeRequest(ctx, req); err != nil { // read (auth.go)
+		return nil, err
+	}
 	cur, fence, err := a.s.checkFence(req.GetKey(), req.GetFence())
 	if err != nil {
 		return nil, err
@@ -231,6 +253,9 @@ func holderPB(h holderOut) *dlockv1.HolderInfo {
 
 // Inspect implements dlockv1.LockServer.
 func (a *api) Inspect(ctx context.Context, req *dlockv1.InspectRequest) (*dlockv1.InspectResponse, error) {
+	if err := a.s.authorizeRequest(ctx, req); err != nil { // read (auth.go)
+		return nil, err
+	}
 	h, held, err := a.s.inspect(req.GetKey())
 	if err != nil {
 		return nil, err
@@ -246,10 +271,20 @@ func (a *api) Inspect(ctx context.Context, req *dlockv1.InspectRequest) (*dlockv
 }
 
 // List implements dlockv1.LockServer.
+//
+// With an auth file, a list is allowed when the caller may read some key
+// under the prefix, and answers only the keys it may read: a page may then
+// hold fewer holders than the limit (page on with next_page_token).
 func (a *api) List(ctx context.Context, req *dlockv1.ListRequest) (*dlockv1.ListResponse, error) {
+	if err := a.s.authorizeRequest(ctx, req); err != nil { // read under the prefix (auth.go)
+		return nil, err
+	}
 	hs, next, err := a.s.list(req.GetPrefix(), req.GetPageToken(), int(req.GetLimit()))
 	if err != nil {
 		return nil, err
+	}
+	if a.s.authEnabled() {
+		hs = slices.DeleteFunc(hs, func(h holderOut) bool { return !a.s.allowed(ctx, PermRead, h.key) })
 	}
 	resp := &dlockv1.ListResponse{Holders: make([]*dlockv1.HolderInfo, len(hs)), NextPageToken: next}
 	for i, h := range hs {
@@ -259,15 +294,22 @@ func (a *api) List(ctx context.Context, req *dlockv1.ListRequest) (*dlockv1.List
 }
 
 // ForceRelease implements dlockv1.LockServer.
+// Every force release is audited (audit.go).
 func (a *api) ForceRelease(ctx context.Context, req *dlockv1.ForceReleaseRequest) (*dlockv1.ForceReleaseResponse, error) {
+	if err := a.s.authorizeRequest(ctx, req); err != nil { // admin (auth.go)
+		return nil, err
+	}
 	h, next, err := a.s.forceRelease(req.GetKey(), req.GetReason())
+	a.s.audit(ctx, "force-release", req.GetKey(), req.GetReason(), err)
 	if err != nil {
 		return nil, err
 	}
 	return &dlockv1.ForceReleaseResponse{Removed: holderPB(h), NextFence: next}, nil
 }
 
-// Watch implements dlockv1.LockServer.
+// Watch implements dlockv1.LockServer. With an auth file, any
+// authenticated caller may watch; it is sent the events of the keys it may
+// lock or read only (auth.go).
 func (a *api) Watch(req *dlockv1.WatchRequest, stream dlockv1.Lock_WatchServer) error {
 	if err := checkToken("session", req.GetSession()); err != nil {
 		return err
@@ -283,6 +325,9 @@ func (a *api) Watch(req *dlockv1.WatchRequest, stream dlockv1.Lock_WatchServer) 
 			evs, overflow := a.s.sessions.take(sub)
 			for i := range evs {
 				ev := &evs[i]
+				if !a.s.allowed(stream.Context(), PermLock, ev.key) && !a.s.allowed(stream.Context(), PermRead, ev.key) {
+					continue
+				}
 				if err := stream.Send(&dlockv1.WatchEvent{Type: dlockv1.WatchEvent_LOST, Key: ev.key, Owner: ev.owner, Fence: ev.fence, Reason: ev.reason.String()}); err != nil {
 					return err
 				}

@@ -21,6 +21,7 @@ type lease struct {
 	restart  time.Duration // what a restarted countdown runs with: the grant's longest TTL
 	version  uint64        // the FSM version this countdown runs for
 	deadline int64         // nanoseconds since leaseClock.epoch (monotonic)
+	granted  int64         // when this node applied the grant (or restored it): the dashboard's age, the hold-time histogram
 	claimBy  int64         // a handed-over grant not claimed yet: its claim deadline; 0 otherwise
 	// checkAt is when the leader next looks at the grant for suspicion:
 	// its last renewal + suspectAfter while not suspect, its next
@@ -36,6 +37,10 @@ type lease struct {
 	// new term of leadership whose table holds no suspect entry for it.
 	suspect bool
 	logged  bool // the FSM holds a suspect entry for version (loggedLeft set)
+	// restored: the countdown came from a snapshot (reset) or from an
+	// entry replayed after a restart, so granted is then, not the grant:
+	// the grant is older than it says.
+	restored bool
 }
 
 // suspectAfter is how long, in nanoseconds, a grant of TTL ttl may go
@@ -99,6 +104,14 @@ type leaseClock struct {
 	now         func() time.Time
 	epoch       time.Time     // monotonic origin of deadlines
 	claimWindow time.Duration // a handed-over grant must be claimed within this; 0: no claims
+	// ended, when set (before the FSM runs), hears how long each grant
+	// ended by an event was held, from its grant as this node applied it;
+	// called with mu held, so it must not block (lockmetrics.go).
+	ended func(held time.Duration)
+	// replayTo is the last log index when the server started (set before
+	// Raft runs): a grant made by an entry up to it is replayed, its age
+	// unknown (lease.restored).
+	replayTo uint64
 
 	mu    sync.Mutex
 	byKey map[string]*lease
@@ -167,13 +180,16 @@ func (c *leaseClock) apply(evs []event) {
 		ev := &evs[i]
 		switch ev.kind {
 		case evGranted:
-			l := &lease{key: ev.key, owner: ev.owner, fence: ev.fence, ttl: ev.ttl, restart: max(ev.restartTTL, ev.ttl), version: ev.version, deadline: now + int64(ev.ttl), checkAt: now + suspectAfter(ev.ttl)}
+			l := &lease{key: ev.key, owner: ev.owner, fence: ev.fence, ttl: ev.ttl, restart: max(ev.restartTTL, ev.ttl), version: ev.version, deadline: now + int64(ev.ttl), checkAt: now + suspectAfter(ev.ttl), granted: now, restored: ev.fence <= c.replayTo}
 			if ev.handoff && c.claimWindow > 0 {
 				l.claimBy = now + int64(c.claimWindow)
 			}
 			c.put(l)
 		case evRemoved:
 			if l := c.byKey[ev.key]; l != nil && !l.delay && l.owner == ev.owner {
+				if c.ended != nil && !l.restored {
+					c.ended(time.Duration(now - l.granted))
+				}
 				c.drop(l)
 			}
 		case evTTL:
@@ -246,7 +262,7 @@ func (c *leaseClock) reset(state []event) {
 	c.byKey = make(map[string]*lease, len(state))
 	c.heap = make(leaseHeap, 0, len(state))
 	for _, ev := range state {
-		l := &lease{key: ev.key, owner: ev.owner, fence: ev.fence, ttl: ev.ttl, restart: max(ev.restartTTL, ev.ttl), version: ev.version, idx: int32(len(c.heap)), delay: ev.kind == evDelayed}
+		l := &lease{key: ev.key, owner: ev.owner, fence: ev.fence, ttl: ev.ttl, restart: max(ev.restartTTL, ev.ttl), version: ev.version, idx: int32(len(c.heap)), delay: ev.kind == evDelayed, granted: now, restored: true}
 		if ev.suspect {
 			l.logged, l.loggedLeft = true, ev.left
 		}
@@ -324,6 +340,22 @@ func (c *leaseClock) remaining(key string, fence uint64) (time.Duration, bool) {
 		return 0, false
 	}
 	return time.Duration(max(l.deadline-now, 0)), true
+}
+
+// held returns, for key's grant with fence, how long ago this node applied
+// it (restored: it came from a snapshot or a replayed entry, and age is
+// since then) and
+// the time left on its countdown, if this node has it. Only the leader's
+// time left counts: renewals move the leader's countdown alone.
+func (c *leaseClock) held(key string, fence uint64) (age, left time.Duration, restored, ok bool) {
+	now := c.at(c.now())
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l := c.byKey[key]
+	if l == nil || l.delay || l.fence != fence {
+		return 0, 0, false, false
+	}
+	return time.Duration(max(now-l.granted, 0)), time.Duration(max(l.deadline-now, 0)), l.restored, true
 }
 
 // delayRemaining returns the time left on key's lock-delay, if one runs.

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -299,7 +301,8 @@ func (s *Server) selfInfo() MemberInfo {
 type peers struct {
 	mu      sync.Mutex
 	conns   map[string]*grpc.ClientConn
-	rewrite map[string]string // Config.RaftDialRewrite: tests' proxies on node-to-node links
+	rewrite map[string]string                // Config.RaftDialRewrite: tests' proxies on node-to-node links
+	creds   credentials.TransportCredentials // Server.memberGRPCCreds (tls.go); nil: insecure
 }
 
 // client returns the Cluster client of addr.
@@ -313,7 +316,12 @@ func (p *peers) client(addr string) (dlockv1.ClusterClient, error) {
 	if to, ok := p.rewrite[addr]; ok {
 		target = to
 	}
-	c, err := grpc.NewClient("passthrough:///"+target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds := p.creds
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
+	// TLS verifies the member as addr, even through a dial rewrite.
+	c, err := grpc.NewClient("passthrough:///"+target, grpc.WithTransportCredentials(creds), grpc.WithAuthority(addr))
 	if err != nil {
 		return nil, err
 	}
@@ -349,7 +357,7 @@ func onLeader[Resp any](s *Server, ctx context.Context, call func(dlockv1.Cluste
 		var none Resp
 		return none, err
 	}
-	resp, err := call(c, forwardCtx(ctx))
+	resp, err := call(c, onBehalfOf(forwardCtx(ctx))) // names the caller's identity (auth.go)
 	return resp, s.passThrough(err)
 }
 
@@ -413,6 +421,9 @@ func (s *Server) isLeader() bool { return s.raft.State() == raft.Leader }
 
 // Status implements the Cluster service.
 func (a *clusterAPI) Status(ctx context.Context, req *dlockv1.ClusterStatusRequest) (*dlockv1.ClusterStatusResponse, error) {
+	if err := a.s.authorizeRequest(ctx, req); err != nil { // read on "" (auth.go)
+		return nil, err
+	}
 	return a.s.clusterStatus(ctx, req.GetLocal())
 }
 
@@ -483,6 +494,9 @@ func memberPB(m MemberInfo) *dlockv1.MemberStatus {
 // Membership comment above).
 func (a *clusterAPI) AddVoter(ctx context.Context, req *dlockv1.AddVoterRequest) (*dlockv1.AddVoterResponse, error) {
 	s := a.s
+	if err := s.authorizeRequest(ctx, req); err != nil { // admin on "" (auth.go)
+		return nil, err
+	}
 	if s.removed.Load() {
 		return nil, s.removedErr()
 	}
@@ -514,7 +528,11 @@ func (a *clusterAPI) AddVoter(ctx context.Context, req *dlockv1.AddVoterRequest)
 			return c.AddVoter(fctx, req)
 		})
 	}
-	return s.addVoter(req, registration(ctx))
+	resp, err := s.addVoter(req, registration(ctx))
+	if !registration(ctx) && !req.GetCheckOnly() { // an addition, not a member's own bookkeeping
+		s.audit(ctx, "cluster-add", "", fmt.Sprintf("add %s (raft %s, api %s)", req.GetId(), req.GetRaftAddr(), req.GetApiAddr()), err)
+	}
+	return resp, err
 }
 
 // addVoter runs AddVoter on the leader, one membership change at a time.
@@ -585,8 +603,11 @@ func (s *Server) addVoter(req *dlockv1.AddVoterRequest, register bool) (*dlockv1
 }
 
 // RemoveServer implements the Cluster service.
-func (a *clusterAPI) RemoveServer(ctx context.Context, req *dlockv1.RemoveServerRequest) (*dlockv1.RemoveServerResponse, error) {
+func (a *clusterAPI) RemoveServer(ctx context.Context, req *dlockv1.RemoveServerRequest) (resp *dlockv1.RemoveServerResponse, err error) {
 	s := a.s
+	if err := s.authorizeRequest(ctx, req); err != nil { // admin on "" (auth.go)
+		return nil, err
+	}
 	if s.removed.Load() {
 		return nil, s.removedErr()
 	}
@@ -598,6 +619,7 @@ func (a *clusterAPI) RemoveServer(ctx context.Context, req *dlockv1.RemoveServer
 			return c.RemoveServer(fctx, req)
 		})
 	}
+	defer func() { s.audit(ctx, "cluster-remove", "", "remove "+req.GetId(), err) }()
 	s.memberMu.Lock()
 	defer s.memberMu.Unlock()
 	conf, err := s.raftConfiguration()
@@ -642,8 +664,11 @@ func (a *clusterAPI) RemoveServer(ctx context.Context, req *dlockv1.RemoveServer
 // not complete and this node is still the leader; UNAVAILABLE
 // (NOT_LEADER, with the new leader as hint) when leadership moved but the
 // new leader is not known yet.
-func (a *clusterAPI) TransferLeader(ctx context.Context, req *dlockv1.TransferLeaderRequest) (*dlockv1.TransferLeaderResponse, error) {
+func (a *clusterAPI) TransferLeader(ctx context.Context, req *dlockv1.TransferLeaderRequest) (resp *dlockv1.TransferLeaderResponse, err error) {
 	s := a.s
+	if err := s.authorizeRequest(ctx, req); err != nil { // admin on "" (auth.go)
+		return nil, err
+	}
 	if s.removed.Load() {
 		return nil, s.removedErr()
 	}
@@ -652,6 +677,9 @@ func (a *clusterAPI) TransferLeader(ctx context.Context, req *dlockv1.TransferLe
 			return c.TransferLeader(fctx, req)
 		})
 	}
+	defer func() {
+		s.audit(ctx, "cluster-transfer-leader", "", "transfer to "+cmp.Or(req.GetId(), "any voter"), err)
+	}()
 	s.memberMu.Lock()
 	defer s.memberMu.Unlock()
 	conf, err := s.raftConfiguration()

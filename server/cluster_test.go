@@ -459,6 +459,7 @@ func TestConfig_ValidateCluster(t *testing.T) {
 		},
 		"advertise": func(c *server.Config) {
 			c.Listen = "0.0.0.0:7450"
+			c.InsecureListen = true // no API TLS in this case
 			c.Advertise = "10.0.0.1:7450"
 			c.Join = "10.0.0.2:7450"
 		},

@@ -2,18 +2,9 @@ package server_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"io"
-	"math/big"
 	"net"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -22,72 +13,8 @@ import (
 
 	dlockv1 "github.com/dlock-dev/dlock/proto/dlock/v1"
 	"github.com/dlock-dev/dlock/server"
+	"github.com/dlock-dev/dlock/server/servertest"
 )
-
-// testCA is a certificate authority made in the test.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-func newTestCA(t *testing.T, name string) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// issue returns a node certificate and key (PEM) for 127.0.0.1, usable as
-// TLS server and client.
-func (ca *testCA) issue(t *testing.T, name string) (certPEM, keyPEM []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
-	tmpl := &x509.Certificate{
-		SerialNumber: serial, Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
-}
-
-func writeFile(t *testing.T, dir, name string, b []byte) string {
-	t.Helper()
-	p := filepath.Join(dir, name)
-	if err := os.WriteFile(p, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
 
 // dialLayer is an attacker's raft.StreamLayer: it dials with dial and
 // accepts nothing.
@@ -129,14 +56,10 @@ func selfTerm(srv *server.Server, id string) uint64 {
 }
 
 func TestCluster_MutualTLSRaft(t *testing.T) {
-	dir := t.TempDir()
-	ca := newTestCA(t, "dlock test CA")
-	caFile := writeFile(t, dir, "ca.pem", ca.pem)
+	ca := servertest.NewCA(t, "dlock test CA")
 	nodes := startCluster(t, 3, func(i int, c *server.Config) {
-		cert, key := ca.issue(t, c.NodeID)
-		c.PeerCertFile = writeFile(t, dir, c.NodeID+".pem", cert)
-		c.PeerKeyFile = writeFile(t, dir, c.NodeID+"-key.pem", key)
-		c.PeerCAFile = caFile
+		leaf := ca.Issue(t, c.NodeID)
+		c.PeerCertFile, c.PeerKeyFile, c.PeerCAFile = leaf.CertFile, leaf.KeyFile, ca.CertFile
 	})
 	l := waitLeader(t, nodes, -1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -163,14 +86,8 @@ func TestCluster_MutualTLSRaft(t *testing.T) {
 
 	// Raw bytes (a plain TCP AppendEntries), a client without a
 	// certificate, and a client whose certificate another CA signed.
-	other := newTestCA(t, "intruder CA")
-	ocert, okey := other.issue(t, "intruder")
-	opair, err := tls.X509KeyPair(ocert, okey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AddCert(ca.cert)
+	opair := servertest.NewCA(t, "intruder CA").Issue(t, "intruder").Pair
+	roots := ca.Pool
 	attacks := map[string]func(addr string) (net.Conn, error){
 		"plain TCP": func(addr string) (net.Conn, error) { return net.DialTimeout("tcp", addr, time.Second) },
 		"TLS without a client certificate": func(addr string) (net.Conn, error) {

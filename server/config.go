@@ -85,6 +85,50 @@ type Config struct {
 	// partition cuts forwarding too. TLS still verifies the peer as K.
 	RaftDialRewrite map[string]string
 
+	// API TLS (issue 12).
+	// TLSCertFile and TLSKeyFile are the certificate (chain) and key (PEM)
+	// the API port serves: with them, gRPC and JSON over HTTP are served
+	// over TLS (1.2 at least) on the one port, and nothing in clear. Both
+	// or none. They are read at Start and again by Reload (SIGHUP), so a
+	// rotated certificate is served without a restart.
+	TLSCertFile, TLSKeyFile string
+	// TLSClientCAFile is the CA certificate(s) (PEM) of client
+	// certificates (mutual TLS): with it, every client of the API port must
+	// present a certificate that verifies against it, or against
+	// PeerCAFile (other members). Without it, client certificates are
+	// optional and only members' (PeerCAFile) are verified. Needs
+	// TLSCertFile.
+	TLSClientCAFile string
+	// TLSCAFile is the CA certificate(s) (PEM) this node verifies other
+	// members' API certificates against when it forwards a call, joins or
+	// asks a status. Empty: PeerCAFile.
+	TLSCAFile string
+	// InsecureListen allows a Listen address that is not loopback without
+	// TLSCertFile: the API then answers anyone who reaches the port, in
+	// clear. Default false: such a Listen is refused by Validate.
+	InsecureListen bool
+
+	// Authentication and audit (issue 12).
+	// AuthFile is the auth file (YAML or JSON; see auth.go): token hashes
+	// and client certificate identities, each with rules of key prefix to
+	// permissions. Empty: no authentication, every caller may do
+	// everything (as before). Read at Start (a bad file refuses to start)
+	// and again by Reload (SIGHUP; a bad file keeps the rules in force).
+	// With a cluster (InitialCluster of more than one member, or Join) it
+	// needs peer TLS and API TLS: members authenticate each other's API
+	// calls by their peer certificates.
+	AuthFile string
+	// AuditLogFile is the file the audit log (one JSON line per admin
+	// action and per denial; see audit.go) is appended to. Empty: no audit
+	// file (events are still counted in dlockd_audit_events_total).
+	AuditLogFile string
+	// AuditLogMaxBytes is the size in bytes past which the audit file is
+	// rotated (renamed FILE.1, older ones shifted). Default 100 MiB.
+	AuditLogMaxBytes int64
+	// AuditLogMaxFiles is how many rotated audit files are kept besides
+	// the live one. Default 10.
+	AuditLogMaxFiles int
+
 	// MaxKeyBytes is the longest key, in bytes. Default and maximum 512.
 	MaxKeyBytes int
 	// MinTTL and MaxTTL bound lease TTLs. Defaults 100ms and 24h; MaxTTL
@@ -254,6 +298,8 @@ func DefaultConfig() Config {
 		MaxRequestBytes:    1 << 20,
 		MaxRenewBatch:      10000,
 		MaxListLimit:       10000,
+		AuditLogMaxBytes:   100 << 20, // authentication and audit (issue 12)
+		AuditLogMaxFiles:   10,
 		HeartbeatTimeout:   time.Second,
 		ElectionTimeout:    time.Second,
 		LeaderLeaseTimeout: 500 * time.Millisecond,
@@ -309,6 +355,8 @@ func (c Config) Validate() error {
 		}
 	}
 	errs = append(errs, c.validateCluster()...)
+	errs = append(errs, c.validateTLS()...)  // API TLS (issue 12)
+	errs = append(errs, c.validateAuth()...) // authentication and audit (issue 12, auth.go)
 	if c.MaxKeyBytes < 1 || c.MaxKeyBytes > 512 {
 		bad("MaxKeyBytes %d outside [1, 512]", c.MaxKeyBytes)
 	}
@@ -407,6 +455,17 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.PeerCertFile, "peer-cert", c.PeerCertFile, "this node's certificate (PEM) for mutual TLS on the Raft port (required with --peer-key and --peer-ca when --raft-bind is not a loopback address)")
 	fs.StringVar(&c.PeerKeyFile, "peer-key", c.PeerKeyFile, "this node's private key (PEM) for mutual TLS on the Raft port (required when --raft-bind is not a loopback address)")
 	fs.StringVar(&c.PeerCAFile, "peer-ca", c.PeerCAFile, "CA certificate(s) (PEM) that members' Raft certificates are verified against (required when --raft-bind is not a loopback address)")
+	// API TLS (issue 12).
+	fs.StringVar(&c.TLSCertFile, "tls-cert", c.TLSCertFile, "certificate (PEM) of the API port: serve gRPC and HTTP over TLS (with --tls-key; re-read on SIGHUP)")
+	fs.StringVar(&c.TLSKeyFile, "tls-key", c.TLSKeyFile, "private key (PEM) of --tls-cert")
+	fs.StringVar(&c.TLSClientCAFile, "tls-client-ca", c.TLSClientCAFile, "CA certificate(s) (PEM) of client certificates: require one from every API client (mutual TLS; members' --peer-ca certificates are accepted too)")
+	fs.StringVar(&c.TLSCAFile, "tls-ca", c.TLSCAFile, "CA certificate(s) (PEM) that other members' API certificates are verified against (default: --peer-ca)")
+	fs.BoolVar(&c.InsecureListen, "insecure-listen", c.InsecureListen, "allow a --listen that is not loopback without --tls-cert (the API is then open to the network in clear)")
+	// Authentication and audit (issue 12).
+	fs.StringVar(&c.AuthFile, "auth-file", c.AuthFile, "auth file (YAML or JSON): token hashes and certificate identities with per-prefix permissions (lock, read, admin); re-read on SIGHUP. Empty: no authentication")
+	fs.StringVar(&c.AuditLogFile, "audit-log", c.AuditLogFile, "append one JSON line per admin action and per denial to this file")
+	fs.Int64Var(&c.AuditLogMaxBytes, "audit-log-max-bytes", c.AuditLogMaxBytes, "rotate the audit log past this size, bytes")
+	fs.IntVar(&c.AuditLogMaxFiles, "audit-log-max-files", c.AuditLogMaxFiles, "rotated audit log files kept")
 	fs.Var(rewriteFlag{&c.RaftDialRewrite}, "test-raft-dial-rewrite", "tests only: when Raft dials K, dial V instead (K=V,...)")
 	_ = fs.MarkHidden("test-raft-dial-rewrite")
 	fs.IntVar(&c.MaxWaitersPerKey, "max-waiters-per-key", c.MaxWaitersPerKey, "queue length limit per key")

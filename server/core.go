@@ -261,6 +261,7 @@ func (s *Server) acquire(ctx context.Context, in acquireIn, cancel <-chan struct
 			return acquireOut{}, err
 		}
 		if v, ok := s.fsm.peek(in.key, in.owner); ok && (!v.held || v.grant.owner != in.owner) {
+			s.lockMetrics.contended.Inc()
 			return acquireOut{}, s.refusal(in.key, v)
 		}
 	}
@@ -292,8 +293,10 @@ func (s *Server) acquire(ctx context.Context, in acquireIn, cancel <-chan struct
 		out.ttl = r.ttl
 		return out, nil
 	case resHeld:
+		s.lockMetrics.contended.Inc()
 		return acquireOut{}, apiErr(codes.FailedPrecondition, ReasonLockHeld, "acquire %q: lock held", in.key)
 	case resDelayed:
+		s.lockMetrics.contended.Inc()
 		return acquireOut{}, apiErr(codes.FailedPrecondition, ReasonLockHeld, "acquire %q: lock held (in its lock-delay after a lost grant)", in.key)
 	case resTooManyWaiters:
 		return acquireOut{}, apiErr(codes.ResourceExhausted, ReasonTooManyWaiters, "acquire %q: %d waiters already queued on the key", in.key, s.cfg.MaxWaitersPerKey)
@@ -305,6 +308,7 @@ func (s *Server) acquire(ctx context.Context, in acquireIn, cancel <-chan struct
 		if w == nil { // cannot happen: a try of a queued owner is refused by the FSM
 			return acquireOut{}, apiErr(codes.Internal, ReasonInternal, "acquire %q: queued without waiting", in.key)
 		}
+		s.lockMetrics.contended.Inc()
 	default:
 		return acquireOut{}, apiErr(codes.Internal, ReasonInternal, "acquire %q: unexpected result %d", in.key, r.code)
 	}
@@ -465,6 +469,9 @@ func (s *Server) renew(items []renewIn) ([]bool, error) {
 				return nil, err
 			}
 			ok[i] = r.code == resOK
+		}
+		if !ok[i] {
+			s.lockMetrics.renewFailures.Inc()
 		}
 	}
 	return ok, nil

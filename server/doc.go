@@ -340,4 +340,19 @@
 // RemoveServer stays removed: its join is not repeated, its registration
 // never adds a voter, and it shuts its Raft port when it sees its removal
 // committed.
+//
+// # Authentication and audit
+//
+// With Config.AuthFile every call is authenticated (a bearer token, whose
+// SHA-256 alone the file keeps, or a client certificate by subject CN or
+// DNS SAN; another member by its peer certificate) and authorised per key
+// prefix: lock, read, admin (auth.go). The check comes before anything
+// else of a call, forwarding included: a follower refuses what the caller
+// may not do before it forwards, and the leader checks again, with the
+// identity the forwarding member names, so that a stale or compromised
+// client cannot use a member's rights. A Session stream checks each call,
+// and a Reload (SIGHUP) reaches streams already open: each call is checked
+// against the rules in force. Admin actions and every refusal are written
+// to the audit log (audit.go), never blocking a call for long. Without an
+// auth file nothing changes: no identity, every call allowed.
 package server

@@ -52,7 +52,6 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -327,6 +326,7 @@ func (f *grpcForwarder) forward(ctx context.Context, api, method string, req any
 		}
 	}
 	out.Set(mdForwarded, "1")
+	setOnBehalf(ctx, out) // the caller's identity, for the leader (auth.go)
 	reply := rt.New().Interface()
 	if err := cc.Invoke(metadata.NewOutgoingContext(fctx, out), method, req, reply); err != nil {
 		return nil, f.callErr(ctx, api, err)
@@ -343,10 +343,11 @@ func mayWait(req any) bool {
 
 // passMetadata reports whether an incoming metadata key is passed on to
 // the leader: not the transport's own (pseudo-headers, content-type,
-// user-agent, te, grpc-*), nor a forwarding mark the client sent.
+// user-agent, te, grpc-*), nor a forwarding mark or an identity
+// (dlock-identity: see auth.go) the client sent.
 func passMetadata(k string) bool {
 	switch {
-	case strings.HasPrefix(k, ":"), strings.HasPrefix(k, "grpc-"), k == mdForwarded:
+	case strings.HasPrefix(k, ":"), strings.HasPrefix(k, "grpc-"), k == mdForwarded, k == mdIdentity:
 		return false
 	case k == "content-type", k == "user-agent", k == "te":
 		return false
@@ -445,7 +446,8 @@ func (f *grpcForwarder) conn(api string) (*grpc.ClientConn, func(), error) {
 	c := f.conns[api]
 	if c == nil {
 		cc, err := grpc.NewClient("passthrough:///"+f.s.dialAddr(api),
-			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithTransportCredentials(f.s.memberGRPCCreds()),
+			grpc.WithAuthority(api), // TLS verifies the leader as api, even through a dial rewrite
 			grpc.WithConnectParams(grpc.ConnectParams{
 				Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 				MinConnectTimeout: forwardDialTimeout,
@@ -521,6 +523,7 @@ func (f *httpForwarder) transport() *http.Transport {
 				d := net.Dialer{Timeout: forwardDialTimeout, KeepAlive: 30 * time.Second}
 				return d.DialContext(ctx, network, f.s.dialAddr(addr))
 			},
+			TLSClientConfig:     f.s.memberTLSConfig(""), // nil without API TLS; the server name is the URL's host
 			MaxIdleConns:        64,
 			MaxIdleConnsPerHost: 64,
 			IdleConnTimeout:     time.Minute,
@@ -567,7 +570,7 @@ func (f *httpForwarder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if r.Header.Get(HeaderNoForward) != "" {
 		w.Header().Set(HeaderLeader, api)
-		w.Header().Set("Location", "http://"+api+r.URL.RequestURI())
+		w.Header().Set("Location", f.s.apiScheme()+"://"+api+r.URL.RequestURI())
 		w.WriteHeader(http.StatusTemporaryRedirect)
 		return
 	}
@@ -618,6 +621,11 @@ func (f *httpForwarder) forward(w http.ResponseWriter, r *http.Request, api stri
 		}
 		body = b
 	}
+	if err := f.s.authorizeForward(r, body); err != nil { // checked before forwarding (auth.go)
+		f.s.requestDone(transportHTTP, name, "", err, start)
+		writeReply(w, nil, err)
+		return
+	}
 	wait, key := false, ""
 	if r.URL.Path == "/v1/acquire" {
 		var ar dlockv1.AcquireRequest
@@ -641,7 +649,7 @@ func (f *httpForwarder) forward(w http.ResponseWriter, r *http.Request, api stri
 		ctx, c = context.WithTimeout(ctx, f.s.forwardCap())
 		defer c()
 	}
-	out, err := http.NewRequestWithContext(ctx, r.Method, "http://"+api+r.URL.RequestURI(), bytes.NewReader(body))
+	out, err := http.NewRequestWithContext(ctx, r.Method, f.s.apiScheme()+"://"+api+r.URL.RequestURI(), bytes.NewReader(body))
 	if err != nil {
 		err = apiErr(codes.Internal, ReasonInternal, "forward to the leader: %v", err)
 		f.s.requestDone(transportHTTP, name, key, err, start)
@@ -651,6 +659,7 @@ func (f *httpForwarder) forward(w http.ResponseWriter, r *http.Request, api stri
 	copyHeader(out.Header, r.Header)
 	out.Header.Set(HeaderForwarded, "1")
 	out.Header.Del(HeaderNoForward)
+	setOnBehalfHeader(r.Context(), out.Header) // the caller's identity, for the leader (auth.go)
 	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
 		if prior := r.Header.Values("X-Forwarded-For"); len(prior) > 0 {
 			host = strings.Join(prior, ", ") + ", " + host
@@ -725,7 +734,7 @@ func (f *httpForwarder) undoGrant(api string, b []byte) {
 	req, _ := json.Marshal(map[string]string{"key": g.GetKey(), "owner": g.GetOwner()})
 	ctx, cancel := context.WithTimeout(context.Background(), f.s.cfg.ApplyTimeout)
 	defer cancel()
-	out, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+api+"/v1/cancel-wait", bytes.NewReader(req))
+	out, err := http.NewRequestWithContext(ctx, http.MethodPost, f.s.apiScheme()+"://"+api+"/v1/cancel-wait", bytes.NewReader(req))
 	if err != nil {
 		return
 	}

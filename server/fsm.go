@@ -401,6 +401,7 @@ const (
 	evDelayed                     // key entered a lock-delay (ttl = the delay, version set)
 	evDelayEnded                  // key's lock-delay ended (a grant or nothing follows)
 	evSuspect                     // owner's grant (version set) logged suspect, ttl = the time it had left
+	evQueued                      // owner's new queue entry on key (version set; a re-attachment is none): the dashboard's wait times
 )
 
 // removeReason says why a grant ended.
@@ -717,6 +718,7 @@ func (f *fsm) acquire(idx uint64, c *command, evs []event) (applyResult, []event
 	}
 	e.q.push(waiter{owner: c.owner, holder: f.strs.get(c.holder), session: f.strs.get(c.session), ttl: c.ttl, lockDelay: c.lockDelay, since: idx})
 	f.waiting++
+	evs = append(evs, event{kind: evQueued, key: c.key, owner: c.owner, version: idx})
 	return applyResult{code: resQueued, position: e.q.len()}, evs
 }
 
@@ -844,6 +846,22 @@ func (f *fsm) list(prefix, after string, limit int) (out []holderView, more bool
 		return true
 	})
 	return out, more
+}
+
+// queue returns up to limit of key's queue entries, head first, and the
+// queue's length (0 when the key has no entry in the table).
+func (f *fsm) queue(key string, limit int) (ws []waiter, n int) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	e := f.locks[key]
+	if e == nil {
+		return nil, 0
+	}
+	ws = make([]waiter, 0, min(limit, e.q.len()))
+	for x := e.q.head; x != nil && len(ws) < limit; x = x.next {
+		ws = append(ws, x.waiter)
+	}
+	return ws, e.q.len()
 }
 
 // queuedEntry is one queue entry as a new leader sees it.

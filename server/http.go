@@ -35,6 +35,8 @@ var httpStatus = map[codes.Code]int{
 	codes.Canceled:           499,
 	codes.DeadlineExceeded:   http.StatusGatewayTimeout,
 	codes.Internal:           http.StatusInternalServerError,
+	codes.Unauthenticated:    http.StatusUnauthorized, // auth.go (issue 12)
+	codes.PermissionDenied:   http.StatusForbidden,
 }
 
 // newHTTPHandler serves the JSON API, /healthz, /readyz and /metrics.
@@ -88,6 +90,7 @@ func newHTTPHandler(s *Server) http.Handler {
 		writeReply(w, resp, err)
 	})
 	clusterRoutes(s, mux) // /v1/cluster/* (cluster_http.go)
+	uiRoutes(s, mux)      // /ui/ and /ui/api/* (ui.go)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-s.closing:
@@ -111,8 +114,9 @@ func newHTTPHandler(s *Server) http.Handler {
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
-	// A node that is not the leader forwards the /v1/ routes to it.
-	return s.recoverHTTP(newHTTPForwarder(s, mux))
+	// A node that is not the leader forwards the /v1/ routes to it, after
+	// the caller is authenticated (auth.go).
+	return s.recoverHTTP(s.authHTTP(newHTTPForwarder(s, mux)))
 }
 
 // unary serves one JSON route: read the body (bounded by MaxRequestBytes
@@ -369,6 +373,10 @@ func codeName(c codes.Code) string {
 		return "FAILED_PRECONDITION"
 	case codes.Unavailable:
 		return "UNAVAILABLE"
+	case codes.Unauthenticated:
+		return "UNAUTHENTICATED"
+	case codes.PermissionDenied:
+		return "PERMISSION_DENIED"
 	default:
 		return "INTERNAL"
 	}

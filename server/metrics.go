@@ -72,6 +72,7 @@ type metrics struct {
 	requestSeconds *prometheus.HistogramVec // method, transport
 	expired        prometheus.Counter
 	limitRefusals  *prometheus.CounterVec // limit; see limits.go
+	heartbeats     heartbeats             // failing heartbeats of this leader; membermetrics.go
 }
 
 func newMetrics(s *Server) *metrics {
@@ -111,6 +112,28 @@ func newMetrics(s *Server) *metrics {
 				return 1
 			}
 			return 0
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "dlockd_raft_has_leader",
+			Help: "1 when this node knows a Raft leader (itself or another member), 0 when it knows none (an election, no quorum, or not started).",
+		}, func() float64 {
+			if !s.raftUp.Load() {
+				return 0
+			}
+			if _, id := s.raft.LeaderWithID(); id != "" {
+				return 1
+			}
+			return 0
+		}),
+		memberCollector{m},
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "dlockd_raft_term",
+			Help: "This node's current Raft term (0 before Start); a term that keeps rising means repeated elections.",
+		}, func() float64 {
+			if !s.raftUp.Load() {
+				return 0
+			}
+			return float64(s.raft.CurrentTerm())
 		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "dlockd_raft_applied_index",

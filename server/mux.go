@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +18,11 @@ import (
 // on a plaintext connection) goes to the gRPC server, served natively by
 // grpc-go; anything else (HTTP/1.x: curl, browsers, Prometheus) goes to the
 // HTTP server. JSON over h2c prior knowledge is therefore not served.
+// When the API serves TLS (tls.go), each connection's TLS handshake runs
+// first, in route, and the decrypted bytes are sniffed the same way; ALPN
+// gives HTTP/1.1 to clients that offer it (browsers, curl) and h2 to
+// those that offer only h2 (gRPC), so JSON over TLS with h2 only is not
+// served either.
 //
 // It is the front door: it caps the open connections at
 // Config.MaxConnections (one more is closed at once and counted), and it
@@ -29,6 +35,10 @@ type connMux struct {
 	grpc *chanListener
 	http *chanListener
 	lim  *limits
+	// tls, when set, is the API's TLS configuration (tls.go): each
+	// connection's handshake runs first, in its own goroutine and within
+	// the connection cap, and the decrypted bytes are sniffed.
+	tls *tls.Config
 
 	log      *slog.Logger
 	maxConns int64        // 0: no cap
@@ -124,16 +134,31 @@ func (m *connMux) closed() bool {
 
 var h2Preface = []byte("PRI")
 
-// route reads the first bytes of c and hands it to the gRPC or the HTTP
-// server. The connection's slot (conns) is freed when it is closed,
-// whoever closes it.
+// route runs the TLS handshake of c (when the port serves TLS), reads
+// its first (decrypted) bytes and hands it to the gRPC or the HTTP server.
+// The handshake and the read are bounded by apiHandshakeTimeout together.
+// The connection's slot (conns) is freed when it is closed, whoever closes
+// it.
 func (m *connMux) route(c net.Conn) {
 	defer m.wg.Done()
+	_ = c.SetDeadline(time.Now().Add(apiHandshakeTimeout))
+	if m.tls != nil {
+		tc := tls.Server(c, m.tls)
+		if err := tc.Handshake(); err != nil {
+			var rh tls.RecordHeaderError
+			if errors.As(err, &rh) && rh.Conn != nil {
+				answerPlaintext(rh.Conn, rh.RecordHeader[:])
+			}
+			m.log.Debug("dlockd: TLS handshake failed", "remote", c.RemoteAddr(), "err", err)
+			_ = (&prefixConn{Conn: c, mux: m}).Close()
+			return
+		}
+		c = tc
+	}
 	pc := &prefixConn{Conn: c, mux: m}
-	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	buf := make([]byte, len(h2Preface))
 	n, err := io.ReadFull(c, buf)
-	_ = c.SetReadDeadline(time.Time{})
+	_ = c.SetDeadline(time.Time{})
 	if err != nil {
 		_ = pc.Close()
 		return

@@ -45,10 +45,12 @@ type Server struct {
 	fsm         *fsm
 	clock       *leaseClock
 	waits       waitRegistry
+	waitTimes   waitTimes // when each queue entry was applied here (waittimes.go; the dashboard, the wait histogram)
 	sessions    sessionHub
 	metrics     *metrics
 	lockMetrics *lockMetrics
 	lim         *limits   // capped resources of this node and their refusals
+	auth        authState // auth file rules and audit log (auth.go, audit.go)
 	calls       *callPool // runs Session calls
 
 	readIndex leaderCheck // one VerifyLeader round shared by concurrent renewals and reads (readindex.go)
@@ -62,6 +64,7 @@ type Server struct {
 
 	ln      net.Listener
 	mux     *connMux
+	tls     *apiTLS // API TLS (tls.go); nil: plaintext
 	grpcSrv *grpc.Server
 	httpSrv *http.Server
 
@@ -119,6 +122,8 @@ func New(cfg Config) (*Server, error) {
 	s.fsm = newFSM(s)
 	s.metrics = newMetrics(s)
 	s.lockMetrics = newLockMetrics(s.metrics.reg)
+	s.initAudit() // audit metrics (audit.go)
+	s.clock.ended = func(d time.Duration) { s.lockMetrics.held(s.ready.Load(), d) }
 	s.lim = &limits{}
 	s.lim.bind(s)
 	return s, nil
@@ -148,6 +153,18 @@ func (s *Server) Start() (err error) {
 			s.teardown()
 		}
 	}()
+	// The auth file and the audit log (auth.go, audit.go): a bad file
+	// refuses to start.
+	if err := s.loadAuth(); err != nil {
+		return err
+	}
+	if err := s.startAudit(); err != nil {
+		return err
+	}
+	if s.tls, err = newAPITLS(s.cfg); err != nil { // API TLS (issue 12): read the files first
+		return err
+	}
+	s.peers.creds = s.memberGRPCCreds()
 	if err := os.MkdirAll(s.cfg.DataDir, 0o750); err != nil {
 		return fmt.Errorf("dlockd: data dir: %w", err)
 	}
@@ -256,11 +273,18 @@ func (s *Server) Start() (err error) {
 		}
 		s.hasState.Store(true)
 	}
+	if last, err := logs.LastIndex(); err == nil {
+		// Entries up to last were applied before this start: the times at
+		// which they are applied again say nothing of their age (ui.go).
+		s.clock.replayTo, s.waitTimes.replayTo = last, last
+	}
 	s.raft, err = raft.NewRaft(rc, s.fsm, logs, s.store, snaps, s.transport)
 	if err != nil {
 		return fmt.Errorf("dlockd: start raft: %w", err)
 	}
 	s.raftUp.Store(true) // s.raft is set: probes may read it
+	// Failing heartbeats, for the member metrics (membermetrics.go).
+	s.raft.RegisterObserver(s.metrics.raftObserver())
 	if existing {
 		if err := s.checkMember(); err != nil {
 			return err
@@ -273,6 +297,9 @@ func (s *Server) Start() (err error) {
 	}
 	s.boundAPI.Store(s.ln.Addr().String())
 	s.mux = newConnMux(s.ln, s.lim, s.log, s.cfg.MaxConnections)
+	if s.tls != nil {
+		s.mux.tls = s.tls.base
+	}
 	s.calls = newCallPool(8*runtime.GOMAXPROCS(0), s.stopCh)
 	s.grpcSrv = newGRPCServer(s)
 	dlockv1.RegisterClusterServer(s.grpcSrv, &clusterAPI{s: s})
@@ -281,6 +308,7 @@ func (s *Server) Start() (err error) {
 		ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes:    maxHeaderBytes,
 		IdleTimeout:       2 * time.Minute,
+		ConnContext:       s.httpConnContext, // the TLS state, for the handlers (tls.go)
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	s.serving.Add(3)
@@ -490,6 +518,7 @@ func (s *Server) teardown() {
 	if s.ln != nil && s.mux == nil {
 		_ = s.ln.Close()
 	}
+	s.stopAudit() // the audit lines still buffered are written (audit.go)
 }
 
 // leadershipLoop follows Raft's leadership and becomes ready after each
@@ -658,10 +687,12 @@ func (s *Server) proposeFired(fs []fired) {
 // pushes loss to sessions.
 func (s *Server) lockEvents(evs []event) {
 	s.clock.apply(evs)
+	s.waitTimes.apply(evs, time.Now(), s.ready.Load(), func(d time.Duration) { s.lockMetrics.waitSeconds.Observe(d.Seconds()) })
 	for i := range evs {
 		ev := &evs[i]
 		switch ev.kind {
 		case evGranted:
+			s.lockMetrics.grants.Inc()
 			s.waits.notify(keyOwner{ev.key, ev.owner}, waitGrant{fence: ev.fence, ttl: ev.ttl})
 		case evRemoved:
 			switch ev.reason {
@@ -681,7 +712,10 @@ func (s *Server) lockEvents(evs []event) {
 }
 
 // lockReset is the FSM observer of a restore.
-func (s *Server) lockReset(state []event) { s.clock.reset(state) }
+func (s *Server) lockReset(state []event) {
+	s.clock.reset(state)
+	s.waitTimes.reset(s.fsm.queued(), time.Now())
+}
 
 // newToken returns 128 random bits, hex-encoded.
 func newToken() string {

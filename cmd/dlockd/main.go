@@ -3,7 +3,9 @@
 //
 // With no flags it starts a single voter on 127.0.0.1:7450 with its data in
 // ./dlockd-data; clients reach it as dlockd://127.0.0.1:7450. SIGINT or
-// SIGTERM shut it down gracefully. See package server for the guarantees.
+// SIGTERM shut it down gracefully. SIGHUP reloads --auth-file and the API's
+// TLS files (a file that does not parse keeps the rules in force and logs
+// an error). See package server for the guarantees.
 //
 // A cluster of 3 or 5 voters starts with the same --initial-cluster on every
 // member's first start (restarts ignore it and use the data directory):
@@ -14,7 +16,20 @@
 // and a node joins a running cluster with --join HOST:PORT (any member's
 // API address). --advertise is the API address others use (default
 // --listen). Off loopback the Raft port speaks mutual TLS: --peer-cert,
-// --peer-key and --peer-ca are then required.
+// --peer-key and --peer-ca are then required. The API port serves gRPC
+// and HTTPS over TLS with --tls-cert and --tls-key (clients then use
+// dlockd://HOST:PORT?tls=1&ca=FILE), and requires client certificates with
+// --tls-client-ca; members verify each other's API certificates against
+// --tls-ca (default --peer-ca) and present their peer certificate. A
+// --listen that is not loopback needs --tls-cert, or --insecure-listen.
+//
+// --config FILE reads the flags from a YAML file whose keys are the long
+// flag names (listen: 127.0.0.1:7450, tls-cert: /etc/dlockd/tls/n1.pem; a
+// list is joined with commas); a flag given on the command line wins over
+// the file, and an unknown key or a bad value exits 2 naming the file, the
+// key and the problem. deploy/systemd/dlockd.service runs
+// dlockd --config /etc/dlockd/dlockd.yaml; deploy/examples/cluster-tls has
+// a 3-node cluster's files.
 //
 // Logs go to stderr in one format (--log-format text or json) at one level
 // (--log-level), Raft's included. dlockd --version prints the build (the
@@ -51,6 +66,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cfg := server.DefaultConfig()
 	fs := pflag.NewFlagSet("dlockd", pflag.ContinueOnError)
 	fs.SortFlags = false
+	configPath := fs.String(configFlag, "", "read flags from this YAML file (keys are the long flag names: listen: 127.0.0.1:7450); flags on the command line win")
 	cfg.RegisterFlags(fs)
 	gcPercent := fs.Int("gc-percent", 100, "Go GC target percentage when GOGC is not set (lower: less memory, more CPU)")
 	logLevel := fs.String("log-level", "info", "log level of dlockd and Raft: debug, info, warn, error")
@@ -74,6 +90,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "dlockd: unexpected argument %q (see dlockd --help)\n", fs.Arg(0))
 		return 2
+	}
+	if *configPath != "" {
+		if err := applyConfigFile(fs, *configPath); err != nil {
+			fmt.Fprintf(stderr, "dlockd: %v\n", err)
+			return 2
+		}
 	}
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(*gcPercent)
@@ -111,6 +133,26 @@ func run(args []string, stdout, stderr io.Writer) int {
 		log.Error("dlockd: start failed", "err", err)
 		return 1
 	}
+	// SIGHUP: reload the auth file and the TLS files (server.Reload logs
+	// and audits the outcome).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	hupDone := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-hup:
+				if err := srv.Reload(); err != nil {
+					log.Error("dlockd: reload on SIGHUP failed; the previous settings stay in force", "err", err)
+				} else {
+					log.Info("dlockd: reloaded on SIGHUP")
+				}
+			case <-hupDone:
+				return
+			}
+		}
+	}()
+	defer func() { signal.Stop(hup); close(hupDone) }()
 	code := 0
 	select {
 	case <-ctx.Done():

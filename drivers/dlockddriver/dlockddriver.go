@@ -18,6 +18,48 @@
 // means the server's default. Any other parameter, or a lock_delay that is
 // negative or not a duration, is a configuration error at Open.
 //
+// # TLS
+//
+// A dlockd started with --tls-cert and --tls-key serves gRPC over TLS
+// only; its URL says so:
+//
+//	dlockd://host:port[,host:port…]?tls=1&ca=FILE&cert=FILE&key=FILE&server_name=NAME
+//
+// The parameters:
+//
+//   - tls=1 (or true) dials every member over TLS and verifies its
+//     certificate for the member's host, against the system roots or,
+//     with ca=FILE, against the CA certificate(s) in FILE (PEM). tls=0 (or
+//     false, the default) dials in clear.
+//   - cert=FILE and key=FILE present a client certificate (PEM), which a
+//     dlockd started with --tls-client-ca requires. Both or neither.
+//   - server_name=NAME verifies every member's certificate for NAME
+//     instead of its host.
+//
+// ca, cert and key imply tls=1; server_name needs it. Every member of the
+// URL, and every member learned from leader hints, is dialled with the
+// same TLS. The files are read by Open: a missing file, one that does not
+// parse, or a key that does not match its certificate is an error
+// matching driver.ErrInvalidArgument naming the parameter and the file.
+// TLSConfig turns a URL into its tls.Config (the dlock CLI uses it for its
+// HTTP calls too). A plaintext Driver refused by a TLS port gets a
+// connection error (driver.ErrUnavailable at the root) that hints at
+// tls=1; a TLS Driver dialling a plaintext port gets
+// driver.ErrInvalidArgument saying the port does not serve TLS. A server
+// certificate that does not verify, and a client certificate the server
+// refuses (none, another CA's, expired), are connection errors.
+//
+// # Tokens
+//
+// A dlockd started with --auth-file needs a bearer token:
+// token_file=FILE names a file holding it (read once by Open; its trailing
+// newline trimmed). Every call and stream sends it as
+// "authorization: Bearer TOKEN". Without tls=1 the token is sent only to
+// loopback addresses. ContextWithToken passes a token held in memory
+// instead (the dlock CLI's --token and DLOCK_TOKEN). Calls dlockd refuses
+// for the token or its permission return driver.ErrPermissionDenied. See
+// token.go.
+//
 // # Capabilities
 //
 //   - driver.Driver: TryAcquire, Renew (one item of the server's batched
@@ -161,6 +203,7 @@ package dlockddriver
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math"
@@ -173,6 +216,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
@@ -201,7 +245,8 @@ func init() {
 type Options struct {
 	// DialOptions are added to the gRPC dial options of every member's
 	// connection, including members learned from leader hints (after the
-	// defaults: insecure credentials and a reconnect backoff capped at 1s).
+	// defaults: insecure credentials, or TLS when TLS is set, and a
+	// reconnect backoff capped at 1s).
 	DialOptions []grpc.DialOption
 	// CleanupTimeout bounds the cleanup Wait does after its context ended
 	// (cancelling the queue entry, releasing a raced grant). Zero: 5s.
@@ -221,6 +266,16 @@ type Options struct {
 	// server's default page. Negative or above 2^32-1: Dial fails (New
 	// treats it as zero).
 	ListPageSize int
+	// TLS, when not nil, makes every member's connection TLS with (a copy
+	// of) this configuration; an empty ServerName verifies each member
+	// for its own host. Nil: plaintext. Open sets it from the URL's tls,
+	// ca, cert, key and server_name (see TLSConfig).
+	TLS *tls.Config
+	// Token is a bearer token sent with every call (see token.go's
+	// "Bearer tokens"): to a dlockd started with --auth-file. Empty: none.
+	// Open sets it from the URL's token_file or ContextWithToken. Without
+	// TLS, Dial refuses it for a member that is not on loopback.
+	Token string
 }
 
 // check reports a configuration error in o (matching
@@ -269,7 +324,7 @@ var (
 )
 
 // urlParams are the query parameters Open understands.
-var urlParams = []string{"lock_delay"}
+var urlParams = append([]string{"lock_delay", "token_file"}, tlsParams...)
 
 // Open opens a Driver for a dlockd://host:port[,host:port…][?lock_delay=DURATION]
 // URL (see the package documentation). The connections are made lazily:
@@ -277,15 +332,17 @@ var urlParams = []string{"lock_delay"}
 // matching driver.ErrInvalidArgument (never driver.ErrUnavailable) for
 // another scheme, an empty host list or entry, a member without a host or a
 // port, a port outside 1..65535, a member named twice, a user or path, an
-// unknown query parameter, or a lock_delay that is not a duration or is
-// negative.
+// unknown query parameter, a lock_delay that is not a duration or is
+// negative, or TLS parameters TLSConfig refuses (a file missing or not
+// parsing, cert without key).
 func Open(ctx context.Context, u *url.URL) (*Driver, error) {
 	if u.Scheme != Scheme {
 		return nil, urlparam.Invalid("dlockd: URL scheme %q, want %q", u.Scheme, Scheme)
 	}
 	opts := &Options{}
 	q := u.Query()
-	if err := urlparam.Known("dlockd", q, urlParams...); err != nil {
+	var err error
+	if err = urlparam.Known("dlockd", q, urlParams...); err != nil {
 		return nil, err
 	}
 	if v := q.Get("lock_delay"); v != "" {
@@ -294,6 +351,12 @@ func Open(ctx context.Context, u *url.URL) (*Driver, error) {
 			return nil, urlparam.Invalid("dlockd: URL parameter lock_delay=%q is not a duration of 0 or more", v)
 		}
 		opts.LockDelay = d
+	}
+	if opts.TLS, err = TLSConfig(u); err != nil { // tls, ca, cert, key, server_name
+		return nil, err
+	}
+	if opts.Token, err = Token(ctx, u); err != nil { // token_file, or the context's (token.go)
+		return nil, err
 	}
 	if _, err := parseMembers(u.Host, "dlockd://HOST:PORT[,HOST:PORT...]"); err != nil {
 		return nil, err
@@ -343,8 +406,15 @@ func Dial(target string, opts *Options) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkTokenTransport(addrs, opts); err != nil {
+		return nil, err
+	}
+	creds := insecure.NewCredentials()
+	if opts.TLS != nil {
+		creds = credentials.NewTLS(opts.TLS.Clone())
+	}
 	dopts := []grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 			MinConnectTimeout: 2 * time.Second,
@@ -355,6 +425,9 @@ func Dial(target string, opts *Options) (*Driver, error) {
 		// Static flow-control windows turn off BDP ping probing.
 		grpc.WithInitialWindowSize(1 << 20),
 		grpc.WithInitialConnWindowSize(1 << 20),
+	}
+	if opts.Token != "" { // on every RPC, streams included (token.go)
+		dopts = append(dopts, grpc.WithPerRPCCredentials(bearer{token: opts.Token, requireTLS: opts.TLS != nil}))
 	}
 	dopts = append(dopts, opts.DialOptions...)
 	// Check the options once, as grpc.NewClient would on first use.
@@ -648,9 +721,11 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 //     other (INVALID_OWNER, INVALID_REQUEST) driver.ErrInvalidArgument.
 //   - OutOfRange, AlreadyExists (DUPLICATE_WAIT: the owner token already
 //     waits), ResourceExhausted with REQUEST_TOO_LARGE or a message over
-//     gRPC's size limit, PermissionDenied and Unauthenticated: the request
-//     itself was refused, so driver.ErrInvalidArgument; retrying cannot
-//     help.
+//     gRPC's size limit: the request itself was refused, so
+//     driver.ErrInvalidArgument; retrying cannot help.
+//   - PermissionDenied (the token's identity lacks the permission on the
+//     key) and Unauthenticated (no token, or one the server does not
+//     know): driver.ErrPermissionDenied, never an outage.
 //   - A peer that answers but does not speak dlockd's protocol (the URL
 //     points at Redis, an HTTP/1.1 server, a plain server when TLS was
 //     asked, ...): driver.ErrInvalidArgument, "the server does not speak
@@ -698,7 +773,9 @@ func mapErr(ctx context.Context, op, key string, err error) error {
 		default:
 			sentinel = driver.ErrInvalidArgument
 		}
-	case codes.OutOfRange, codes.AlreadyExists, codes.PermissionDenied, codes.Unauthenticated:
+	case codes.PermissionDenied, codes.Unauthenticated:
+		sentinel = driver.ErrPermissionDenied
+	case codes.OutOfRange, codes.AlreadyExists:
 		sentinel = driver.ErrInvalidArgument
 	case codes.ResourceExhausted:
 		// gRPC's own size refusal carries no reason code; a server
@@ -707,6 +784,11 @@ func mapErr(ctx context.Context, op, key string, err error) error {
 		if reason == "REQUEST_TOO_LARGE" || (!isReasonCode(reason) && strings.Contains(msg, "larger than max")) {
 			sentinel = driver.ErrInvalidArgument
 		}
+	}
+	// A TLS Driver dialling a plaintext port: a configuration error.
+	if sentinel == nil && !isReasonCode(reason) && st.Code() != codes.OK && strings.Contains(msg, tlsNotServed) {
+		return fmt.Errorf("%w: the server's port does not serve TLS: drop tls, ca, cert and key from the dlockd URL, or start dlockd with --tls-cert and --tls-key (gRPC: %s)",
+			driver.ErrInvalidArgument, msg)
 	}
 	// A peer that is not dlockd shows only in the transport's text; a
 	// dlockd answer (it ends with a reason code and may quote the key) is
@@ -722,9 +804,9 @@ func mapErr(ctx context.Context, op, key string, err error) error {
 		return fmt.Errorf("%w: the server refused the %s: %s", sentinel, op, strings.TrimPrefix(msg, "dlockd: "))
 	}
 	if ctx.Err() != nil {
-		return fmt.Errorf("dlockd %s: %w (%s: %s)", op, ctx.Err(), st.Code(), msg)
+		return fmt.Errorf("dlockd %s: %w (%s: %s%s)", op, ctx.Err(), st.Code(), msg, tlsHint(msg))
 	}
-	return fmt.Errorf("dlockd %s: %s: %s", op, st.Code(), msg)
+	return fmt.Errorf("dlockd %s: %s: %s%s", op, st.Code(), msg, tlsHint(msg))
 }
 
 // isReasonCode reports whether s looks like one of dlockd's reason codes

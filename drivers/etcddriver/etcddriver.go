@@ -443,10 +443,27 @@ func storeErr(op string, err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("etcddriver: %s: %w", op, err)
 	}
+	if code, ok := errCode(err); ok && (code == codes.PermissionDenied || code == codes.Unauthenticated) {
+		// Bad credentials or no permission: ErrPermissionDenied (it
+		// matches ErrInvalidArgument too), never an outage.
+		return fmt.Errorf("etcddriver: %s: %w: etcd refused the credentials: %w", op, driver.ErrPermissionDenied, err)
+	}
 	if refused(err) {
 		return urlparam.Wrap("etcddriver: "+op+": etcd refused the request", err)
 	}
 	return fmt.Errorf("etcddriver: %s: %w: %w", op, driver.ErrUnavailable, err)
+}
+
+// errCode returns the gRPC code of an etcd answer.
+func errCode(err error) (codes.Code, bool) {
+	var coded interface{ Code() codes.Code }
+	if errors.As(err, &coded) {
+		return coded.Code(), true
+	}
+	if st, ok := status.FromError(err); ok {
+		return st.Code(), true
+	}
+	return codes.OK, false
 }
 
 // refused reports whether err is an answer in which etcd refused the

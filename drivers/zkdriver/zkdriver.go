@@ -567,6 +567,10 @@ func storeErr(op string, err error) error {
 		errors.Is(err, driver.ErrClosed), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
 		errors.Is(err, driver.ErrUnavailable):
 		return fmt.Errorf("zkdriver: %s: %w", op, err)
+	case errors.Is(err, zk.ErrNoAuth), errors.Is(err, zk.ErrAuthFailed):
+		// No permission or failed authentication: ErrPermissionDenied
+		// (it matches ErrInvalidArgument too), never an outage.
+		return fmt.Errorf("zkdriver: %s: %w: ZooKeeper refused the credentials: %w", op, driver.ErrPermissionDenied, err)
 	case refused(err):
 		return urlparam.Wrap("zkdriver: "+op+": ZooKeeper refused the request", err)
 	}

@@ -21,7 +21,7 @@ import (
 
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/driver"
-	_ "github.com/dlock-dev/dlock/drivers/dlockddriver"  // dlockd://
+	"github.com/dlock-dev/dlock/drivers/dlockddriver"    // dlockd://
 	_ "github.com/dlock-dev/dlock/drivers/etcddriver"    // etcd://
 	_ "github.com/dlock-dev/dlock/drivers/memdriver"     // mem:// (in-process only)
 	_ "github.com/dlock-dev/dlock/drivers/pgadvisory"    // pgadvisory://
@@ -39,6 +39,7 @@ const (
 	ExitUnavailable = 69 // EX_UNAVAILABLE: the store could not be reached; the command was not run
 	ExitLost        = 70 // EX_SOFTWARE: the lease was lost while the command ran; it was terminated
 	ExitHeld        = 75 // EX_TEMPFAIL: the key is held (or --wait-timeout passed); the command was not run (run --conflict-exit-code changes it)
+	ExitNoPerm      = 77 // EX_NOPERM: the store refused the token (missing, unknown, revoked) or its permission on the key; the command was not run
 	ExitUnsupported = 78 // EX_CONFIG: the configured store cannot do this at all (status or list without an inspector, release --force without an override); retrying cannot help
 	ExitNotFound    = 127
 	ExitCannotRun   = 126
@@ -71,16 +72,17 @@ func exit(code int, format string, args ...any) error {
 
 // Stable short codes of -o json errors, by exit status.
 const (
-	codeInvalid     = "invalid_argument" // 64
-	codeUnavailable = "unavailable"      // 69
-	codeLost        = "lost"             // 70
-	codeHeld        = "held"             // 75 (or --conflict-exit-code)
-	codeUnsupported = "unsupported"      // 78
-	codeNotHeld     = "not_held"         // 1: release --force of a free key
-	codeCannotRun   = "cannot_run"       // 126
-	codeNotFound    = "not_found"        // 127
-	codeInterrupted = "interrupted"      // 128+N: a wait ended by signal N
-	codeError       = "error"            // 1: anything else
+	codeInvalid     = "invalid_argument"  // 64
+	codeUnavailable = "unavailable"       // 69
+	codeLost        = "lost"              // 70
+	codeHeld        = "held"              // 75 (or --conflict-exit-code)
+	codeUnsupported = "unsupported"       // 78
+	codeNoPerm      = "permission_denied" // 77
+	codeNotHeld     = "not_held"          // 1: release --force of a free key
+	codeCannotRun   = "cannot_run"        // 126
+	codeNotFound    = "not_found"         // 127
+	codeInterrupted = "interrupted"       // 128+N: a wait ended by signal N
+	codeError       = "error"             // 1: anything else
 )
 
 func kindOf(code int) string {
@@ -95,6 +97,8 @@ func kindOf(code int) string {
 		return codeHeld
 	case code == ExitUnsupported:
 		return codeUnsupported
+	case code == ExitNoPerm:
+		return codeNoPerm
 	case code == ExitCannotRun:
 		return codeCannotRun
 	case code == ExitNotFound:
@@ -117,7 +121,7 @@ type errorJSON struct {
 type globals struct {
 	store      string
 	output     string
-	token      string // carried; no store checks a token yet
+	token      string // bearer token: dlockd stores (ContextWithToken at open; sent by the cluster commands' HTTP calls)
 	configFile string
 	debug      bool
 	stdout     io.Writer
@@ -248,6 +252,11 @@ func (g *globals) open(ctx context.Context, opts ...dlock.Option) (*dlock.Locker
 	}
 	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	if g.token != "" && g.isDlockd() {
+		// The token reaches the driver through the context, never the
+		// URL (which is printed in errors and logs).
+		octx = dlockddriver.ContextWithToken(octx, g.token)
+	}
 	l, err := dlock.Open(octx, g.store, opts...)
 	if errors.Is(err, dlock.ErrUnavailable) {
 		return nil, g.unavailable("open", "", err, 0)
@@ -258,11 +267,43 @@ func (g *globals) open(ctx context.Context, opts ...dlock.Option) (*dlock.Locker
 	return l, nil
 }
 
+// isDlockd reports whether the store URL is a dlockd one.
+func (g *globals) isDlockd() bool {
+	u := g.storeURL()
+	return u != nil && u.Scheme == dlockddriver.Scheme
+}
+
+// noPerm is exit 77 (EX_NOPERM) for a call the store refused for its
+// credentials, with a hint: which token was sent (never its text).
+func (g *globals) noPerm(err error) error {
+	hint := "check the token's rules in dlockd's --auth-file"
+	switch {
+	case strings.Contains(err.Error(), "no credentials"):
+		hint = "dlockd requires a token: set --token, DLOCK_TOKEN or the store URL's token_file=FILE"
+	case strings.Contains(err.Error(), "unknown token"), strings.Contains(err.Error(), "revoked"):
+		hint = "the token is not (or no longer) in dlockd's --auth-file: check " + g.tokenSource()
+	}
+	return &exitError{code: ExitNoPerm, err: fmt.Errorf("%w; %s", err, hint)}
+}
+
+// tokenSource names where the token came from, for hints.
+func (g *globals) tokenSource() string {
+	if s := g.source["token"]; s != "" {
+		return s
+	}
+	if g.token != "" {
+		return "--token"
+	}
+	return "the store URL's token_file"
+}
+
 // storeErr maps a store error of op on key to an exit code and a message:
 // 64 for input the store or library refused, 78 when the store cannot do
 // op, 69 when it could not be reached (with a hint), 1 otherwise.
 func (g *globals) storeErr(op, key string, err error) error {
 	switch {
+	case errors.Is(err, dlock.ErrPermissionDenied): // before ErrInvalidArgument, which it matches
+		return g.noPerm(err)
 	case errors.Is(err, dlock.ErrInvalidArgument):
 		return &exitError{code: ExitUsage, err: err}
 	case errors.Is(err, dlock.ErrUnsupported):
@@ -358,6 +399,15 @@ func addRetryFlag(cmd *cobra.Command, g *globals) {
 func plainCause(err error) string {
 	s := strings.ToLower(err.Error())
 	switch {
+	// TLS (issue 12), before the generic cases that would hide it.
+	case strings.Contains(s, "server preface"):
+		return "the connection was closed before the HTTP/2 preface: if dlockd serves TLS, add tls=1 (and ca=FILE) to the store URL"
+	case strings.Contains(s, "remote error: tls:") && (strings.Contains(s, "certificate") || strings.Contains(s, "unknown ca")):
+		return "the server refused this client's certificate (none, expired, or not of its --tls-client-ca): set cert=FILE and key=FILE in the store URL"
+	case strings.Contains(s, "x509: certificate is valid for"):
+		return "the server's certificate does not name this address: set server_name=NAME in the store URL"
+	case strings.Contains(s, "x509:"):
+		return "the server's certificate is not trusted: set ca=FILE (the CA that signed it) in the store URL"
 	case strings.Contains(s, "connection refused"):
 		return "connection refused: nothing listens there"
 	case strings.Contains(s, "no such host"):
@@ -596,7 +646,7 @@ interrupted (128+N), error (1).`,
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.store, "store", DefaultStore, "lock store URL (env DLOCK_STORE, file: store)")
 	pf.StringVarP(&g.output, "output", "o", "text", `output format: "text" or "json" (env DLOCK_OUTPUT, file: output)`)
-	pf.StringVar(&g.token, "token", "", "bearer token for the store (env DLOCK_TOKEN, file: token); carried, not yet checked by any store")
+	pf.StringVar(&g.token, "token", "", "bearer token for a dlockd started with --auth-file (env DLOCK_TOKEN, file: token; or the URL's token_file=FILE); other stores ignore it")
 	pf.StringVar(&g.configFile, "config", "", "configuration file (env DLOCK_CONFIG; default ~/.config/dlock/config.yaml)")
 	pf.BoolVar(&g.debug, "debug", false, "print the raw store errors, and with run how the command is supervised, to stderr")
 	root.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
@@ -611,5 +661,6 @@ interrupted (128+N), error (1).`,
 	root.AddCommand(newRunCmd(g), newStatusCmd(g), newListCmd(g), newReleaseCmd(g), newFenceCmd(g), newBenchCmd(g))
 	root.AddCommand(newVersionCmd(g))
 	root.AddCommand(newClusterCmd(g))
+	root.AddCommand(newTokenCmd(g)) // token.go: tokens for dlockd's --auth-file
 	return root
 }

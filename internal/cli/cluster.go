@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +17,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/dlock-dev/dlock/drivers/dlockddriver"
 )
 
 // dlockd's cluster API over HTTP (the same port as gRPC). A follower
@@ -304,17 +307,85 @@ func (cc *clusterCmd) client() (*clusterClient, error) {
 	if cc.timeout <= 0 {
 		return nil, exit(ExitUsage, "--timeout must be positive, got %v", cc.timeout)
 	}
+	tlsCfg, scheme, err := storeTLS(cc.g.store)
+	if err != nil {
+		return nil, err
+	}
+	token, err := cc.g.storeToken()
+	if err != nil {
+		return nil, err
+	}
+	if token != "" && tlsCfg == nil {
+		for _, m := range members {
+			if !loopbackAddr(m) {
+				return nil, exit(ExitUsage, "--store: a token would travel in clear to %s: add tls=1 (and ca=FILE) to the store URL, or use a loopback address", m)
+			}
+		}
+	}
 	return &clusterClient{
 		members:  members,
 		timeout:  cc.timeout,
 		retryFor: cc.g.retryFor,
+		scheme:   scheme,
+		token:    token,
 		hc: &http.Client{
-			Transport: &http.Transport{Proxy: nil, DialContext: (&net.Dialer{Timeout: 3 * time.Second}).DialContext, MaxIdleConnsPerHost: 2},
+			Transport: &http.Transport{Proxy: nil, DialContext: (&net.Dialer{Timeout: 3 * time.Second}).DialContext, MaxIdleConnsPerHost: 2, TLSClientConfig: tlsCfg},
 			// A follower forwards; a redirect (307 to the leader) is
 			// followed by hand, so the body is sent again.
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		},
 	}, nil
+}
+
+// storeTLS returns the TLS configuration of a dlockd store URL's tls, ca,
+// cert, key and server_name parameters (dlockddriver.TLSConfig, as the
+// driver dials) and the scheme of its HTTP calls: "https" with TLS, else
+// "http" and a nil configuration. A bad parameter or file exits 64.
+func storeTLS(store string) (*tls.Config, string, error) {
+	u, err := url.Parse(store)
+	if err != nil {
+		return nil, "", exit(ExitUsage, "--store: not a valid URL: %v", errors.Unwrap(err))
+	}
+	cfg, err := dlockddriver.TLSConfig(u)
+	if err != nil {
+		return nil, "", &exitError{code: ExitUsage, err: err}
+	}
+	if cfg == nil {
+		return nil, "http", nil
+	}
+	return cfg, "https", nil
+}
+
+// loopbackAddr reports whether host:port names a loopback address.
+func loopbackAddr(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host = hostport
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// storeToken returns the bearer token of the store for HTTP calls to
+// dlockd: --token (DLOCK_TOKEN, config token) or the URL's token_file, as
+// the driver reads them (dlockddriver.Token). Exit 64 when it is refused.
+func (g *globals) storeToken() (string, error) {
+	u := g.storeURL()
+	if u == nil {
+		return "", nil
+	}
+	ctx := context.Background()
+	if g.token != "" {
+		ctx = dlockddriver.ContextWithToken(ctx, g.token)
+	}
+	tok, err := dlockddriver.Token(ctx, u)
+	if err != nil {
+		return "", &exitError{code: ExitUsage, err: err}
+	}
+	return tok, nil
 }
 
 // clusterMembers returns the members named by a dlockd store URL, as
@@ -489,6 +560,8 @@ func formatContact(s float64) string {
 // clusterClient calls dlockd's cluster API on the first member that answers.
 type clusterClient struct {
 	members  []string // host:port, in the URL's order
+	scheme   string   // "https" when the store URL asks for TLS, else "http"
+	token    string   // bearer token (--token, DLOCK_TOKEN, token_file), or ""
 	timeout  time.Duration
 	retryFor time.Duration
 	hc       *http.Client
@@ -693,12 +766,15 @@ func (c *clusterClient) send(ctx context.Context, addr, method, path string, pay
 	if payload != nil {
 		rd = bytes.NewReader(payload)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://"+addr+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, c.scheme+"://"+addr+path, rd)
 	if err != nil {
 		return 0, nil, nil, err
 	}
 	if payload != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
@@ -744,8 +820,9 @@ func parseAPIError(status int, data []byte) *apiError {
 }
 
 // apiStatusErr maps a refusal of dlockd to an exit code: 64 for an invalid
-// request, 78 when the route is missing (a dlockd without the cluster API,
-// or not a dlockd), 1 otherwise (an unknown member, a change in progress).
+// request, 77 for a token refused (401) or lacking the permission (403),
+// 78 when the route is missing (a dlockd without the cluster API, or not a
+// dlockd), 1 otherwise (an unknown member, a change in progress).
 func apiStatusErr(path, addr string, ae *apiError) error {
 	op := strings.TrimPrefix(path, "/v1/cluster/")
 	msg := ae.Message
@@ -753,6 +830,10 @@ func apiStatusErr(path, addr string, ae *apiError) error {
 		msg = fmt.Sprintf("%s (%s)", msg, ae.Reason)
 	}
 	switch {
+	case ae.Status == http.StatusUnauthorized:
+		return exit(ExitNoPerm, "cluster %s: dlockd refused the credentials: %s; set --token, DLOCK_TOKEN or the store URL's token_file=FILE", op, msg)
+	case ae.Status == http.StatusForbidden:
+		return exit(ExitNoPerm, "cluster %s: %s", op, msg)
 	case ae.Code == "" && (ae.Status == http.StatusNotFound || ae.Status == http.StatusMethodNotAllowed):
 		return exit(ExitUnsupported, "cluster %s: %s has no cluster API (HTTP %d: %s); is it a dlockd of this version?", op, addr, ae.Status, msg)
 	case ae.Status == http.StatusBadRequest:

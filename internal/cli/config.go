@@ -61,9 +61,12 @@ retry_for, e.g.
   ttl: 1m
   retry_for: 10s
 An unknown key or a value that does not parse exits 64, naming the file.
-DLOCK_TOKEN (token) is a bearer token for the store: it is accepted and
-carried, but no store checks one yet (dlockd authentication comes with its
-security work); keep passwords of Redis or PostgreSQL in the store URL.`
+DLOCK_TOKEN (token) is a bearer token for a dlockd started with --auth-file
+(make one with dlock token new); it is sent in the authorization header of
+every call, never in the URL. Keep the file mode 0600. A store URL may name
+a file instead (dlockd://HOST:PORT?token_file=FILE). Other stores ignore it;
+keep passwords of Redis or PostgreSQL in the store URL. A refused token or
+permission exits 77 (EX_NOPERM).`
 
 // configPath returns the configuration file to read and whether it was asked
 // for explicitly (then it must exist).

@@ -437,6 +437,10 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 		var na *noAnswerError
 		switch {
 		case err == nil:
+		case errors.Is(err, dlock.ErrPermissionDenied): // before ErrInvalidArgument, which it matches
+			var ee *exitError
+			errors.As(g.noPerm(err), &ee)
+			return report(ExitNoPerm, "permission_denied", ee.err)
 		case errors.Is(err, dlock.ErrInvalidArgument):
 			return invalid(err)
 		case errors.As(err, new(interrupted)):

@@ -1,0 +1,129 @@
+package dlockddriver
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"net/url"
+	"os"
+	"strings"
+
+	"github.com/dlock-dev/dlock/internal/urlparam"
+)
+
+// tlsParams are the URL parameters TLSConfig reads.
+var tlsParams = []string{"tls", "ca", "cert", "key", "server_name"}
+
+// TLSConfig returns the client TLS configuration that the query of the
+// dlockd URL u asks for, or nil (and no error) when it asks for none:
+//
+//   - tls=1 (or true): dial every member over TLS, verifying its
+//     certificate against the system roots for the member's host; tls=0
+//     (or false): plaintext, the default.
+//   - ca=FILE: verify against the CA certificate(s) in FILE (PEM) instead.
+//   - cert=FILE and key=FILE: present this client certificate and key
+//     (PEM) to a dlockd started with --tls-client-ca. Both or neither.
+//   - server_name=NAME: verify every member's certificate for NAME instead
+//     of its host (an address the certificate does not name, e.g. an IP).
+//
+// ca, cert and key imply tls=1; server_name needs TLS. The files are read
+// here, so that a wrong path or a file that does not parse is reported at
+// Open. Every error matches driver.ErrInvalidArgument and names the
+// parameter and the file. The CLI's HTTP calls to dlockd use the same
+// configuration.
+func TLSConfig(u *url.URL) (*tls.Config, error) {
+	q := u.Query()
+	on := false
+	explicit := false
+	switch v := q.Get("tls"); strings.ToLower(v) {
+	case "":
+	case "1", "true":
+		on, explicit = true, true
+	case "0", "false":
+		explicit = true
+	default:
+		return nil, urlparam.Invalid("dlockd: URL parameter tls=%q: want 1, true, 0 or false", v)
+	}
+	ca, cert, key, name := q.Get("ca"), q.Get("cert"), q.Get("key"), q.Get("server_name")
+	if ca != "" || cert != "" || key != "" {
+		if explicit && !on {
+			return nil, urlparam.Invalid("dlockd: URL parameters ca, cert and key need TLS, but the URL says tls=%s", q.Get("tls"))
+		}
+		on = true
+	}
+	if !on {
+		if name != "" {
+			return nil, urlparam.Invalid("dlockd: URL parameter server_name=%q needs TLS (add tls=1)", name)
+		}
+		return nil, nil
+	}
+	if (cert == "") != (key == "") {
+		return nil, urlparam.Invalid("dlockd: URL parameters cert and key go together: give both (a client certificate and its key) or neither")
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: name}
+	if ca != "" {
+		pool, err := readCAFile(ca)
+		if err != nil {
+			return nil, err
+		}
+		cfg.RootCAs = pool
+	}
+	if cert != "" {
+		for _, p := range [][2]string{{"cert", cert}, {"key", key}} {
+			if _, err := os.ReadFile(p[1]); err != nil {
+				return nil, urlparam.Invalid("dlockd: URL parameter %s=%q: %v", p[0], p[1], errors.Unwrap(err))
+			}
+		}
+		pair, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			return nil, urlparam.Invalid("dlockd: URL parameters cert=%q and key=%q: not a PEM certificate and its private key: %v", cert, key, err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return cfg, nil
+}
+
+// readCAFile reads the PEM certificates of the ca parameter's file.
+func readCAFile(file string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, urlparam.Invalid("dlockd: URL parameter ca=%q: %v", file, errors.Unwrap(err))
+	}
+	pool := x509.NewCertPool()
+	n := 0
+	for rest := b; ; {
+		var blk *pem.Block
+		if blk, rest = pem.Decode(rest); blk == nil {
+			break
+		}
+		if blk.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(blk.Bytes)
+		if err != nil {
+			return nil, urlparam.Invalid("dlockd: URL parameter ca=%q: %v", file, err)
+		}
+		pool.AddCert(c)
+		n++
+	}
+	if n == 0 {
+		return nil, urlparam.Invalid("dlockd: URL parameter ca=%q: no PEM certificate in the file", file)
+	}
+	return pool, nil
+}
+
+// tlsNotServed is crypto/tls's error text for a TLS client answered by a
+// plaintext server.
+const tlsNotServed = "first record does not look like a TLS handshake"
+
+// tlsHint returns a hint for a connection failure whose text suggests a
+// plaintext Driver refused by dlockd's TLS port: the connection closed
+// before the HTTP/2 server preface (dlockd closes a plaintext connection
+// to its TLS port without a word). "" for any other text.
+func tlsHint(msg string) string {
+	if strings.Contains(msg, "server preface") {
+		return "; if the server's port serves TLS, add tls=1 (and ca=FILE) to the dlockd URL"
+	}
+	return ""
+}
