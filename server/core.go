@@ -330,6 +330,11 @@ func (s *Server) acquire(ctx context.Context, in acquireIn, cancel <-chan struct
 		why = ctxErr(ctx)
 	case <-cancel:
 		why = errWaitCancelled
+	case <-w.gone:
+		// A CancelWait from another call (POST /v1/cancel-wait, the
+		// driver's clean-up on another connection) or a purge removed the
+		// entry: no grant will come, and there is nothing to undo.
+		return acquireOut{}, apiErr(codes.Canceled, ReasonCancelled, "acquire %q: the queue entry was removed (cancel-wait) while this request waited", in.key)
 	case <-s.closing:
 		// The queue entry stays: the next leader (this node restarted, or
 		// another member) keeps it for its grace period, so the client

@@ -11,7 +11,14 @@ import (
 // clients that reconnect.
 
 // waitEntry is one waiting acquisition on this node.
-type waitEntry struct{ ch chan waitGrant }
+type waitEntry struct {
+	ch chan waitGrant
+	// gone is closed when the queue entry is removed without a grant (a
+	// CancelWait from another call or connection, or a purge): no grant
+	// will come, so the waiting request must not wait on.
+	gone   chan struct{}
+	goneOK bool // gone is closed (guarded by waitRegistry.mu)
+}
 
 // waitGrant is what a waiting acquisition is told of its grant: the fence
 // and the TTL its countdown runs with. The TTL is the queue entry's, which
@@ -35,7 +42,7 @@ func (r *waitRegistry) add(ko keyOwner) (*waitEntry, bool) {
 	if _, dup := r.m[ko]; dup {
 		return nil, false
 	}
-	w := &waitEntry{ch: make(chan waitGrant, 1)}
+	w := &waitEntry{ch: make(chan waitGrant, 1), gone: make(chan struct{})}
 	r.m[ko] = w
 	return w, true
 }
@@ -64,6 +71,17 @@ func (r *waitRegistry) notify(ko keyOwner, g waitGrant) {
 		case w.ch <- g:
 		default:
 		}
+	}
+}
+
+// dequeued tells the request waiting on ko, if any, that its queue entry
+// was removed without a grant.
+func (r *waitRegistry) dequeued(ko keyOwner) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if w := r.m[ko]; w != nil && !w.goneOK {
+		w.goneOK = true
+		close(w.gone)
 	}
 }
 

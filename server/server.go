@@ -694,6 +694,8 @@ func (s *Server) lockEvents(evs []event) {
 		case evGranted:
 			s.lockMetrics.grants.Inc()
 			s.waits.notify(keyOwner{ev.key, ev.owner}, waitGrant{fence: ev.fence, ttl: ev.ttl})
+		case evDequeued:
+			s.waits.dequeued(keyOwner{ev.key, ev.owner})
 		case evRemoved:
 			switch ev.reason {
 			case reasonExpired:
