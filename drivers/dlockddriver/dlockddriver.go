@@ -362,7 +362,7 @@ func Open(ctx context.Context, u *url.URL) (*Driver, error) {
 		return nil, err
 	}
 	if u.User != nil || (u.Path != "" && u.Path != "/") {
-		return nil, urlparam.Invalid("dlockd: URL %q: want dlockd://host:port[,host:port...][?lock_delay=DURATION], without user or path", u.Redacted())
+		return nil, urlparam.Invalid("dlockd: URL %q: want dlockd://host:port[,host:port...][?lock_delay=DURATION&tls=1&ca=FILE&cert=FILE&key=FILE&server_name=NAME&token_file=FILE], without user or path", u.Redacted())
 	}
 	return Dial(u.Host, opts)
 }

@@ -165,6 +165,9 @@ Exit status:
                       (unless --fail-open)
   64                  bad flags or arguments, or input the store refused (key,
                       TTL, holder, store URL); never run, even with --fail-open
+  77                  permission denied: the store refused the token or client
+                      certificate, or it lacks lock on KEY; never run, even with
+                      --fail-open
   126, 127            the command could not be started, or was not found
   128+N               a wait ended by signal N`,
 		Example: `  # a cron job on six machines that must run once
