@@ -561,7 +561,40 @@ func (c *Cluster) Pause(i int) error {
 		return fmt.Errorf("servertest: pause %s: %w", nd.ID, err)
 	}
 	nd.paused = true
+	// SIGSTOP takes effect as each thread reaches the kernel: on a loaded
+	// machine a thread could still answer a request sent right after the
+	// kill. Return once every thread is stopped.
+	waitStopped(nd.cmd.Process.Pid, 2*time.Second)
 	return nil
+}
+
+// waitStopped waits up to limit until every thread of pid is in state T
+// (stopped) in /proc, or pid is gone. Where /proc is missing it returns at
+// once.
+func waitStopped(pid int, limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		if err != nil {
+			return
+		}
+		stopped := true
+		for _, tk := range tasks {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, tk.Name()))
+			if err != nil {
+				continue // the thread ended
+			}
+			// The state follows the command name in parentheses.
+			if i := bytes.LastIndexByte(b, ')'); i < 0 || i+2 >= len(b) || (b[i+2] != 'T' && b[i+2] != 't') {
+				stopped = false
+				break
+			}
+		}
+		if stopped {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // Resume continues node i after Pause with SIGCONT.

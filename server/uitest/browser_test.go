@@ -456,7 +456,7 @@ func fill(t *testing.T, addr string, n int) {
 	}
 	defer cc.Close()
 	c := dlockv1.NewLockClient(cc)
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	const streams = 4
 	errs := make(chan error, streams)
