@@ -27,8 +27,12 @@
 // key, when the validity deadline passes without a confirmed renewal, or
 // when the store pushes the loss (a ZooKeeper session expiry, a dropped
 // PostgreSQL session). Loss is prompt: at the validity deadline, never
-// later. On loss Lease.Done closes and Lease.Context is cancelled with cause
-// ErrLeaseLost; work running under that context must stop (self-fencing).
+// later. A renewal the store refuses for its credentials (ErrPermissionDenied:
+// dlockd's auth file was reloaded without the token, or without its
+// permission on the key) loses the lease at once: no later renewal could be
+// allowed, so none is sent. On loss Lease.Done closes and Lease.Context is
+// cancelled with cause ErrLeaseLost (which also matches ErrPermissionDenied
+// in that case); work running under that context must stop (self-fencing).
 //
 // # Fencing
 //

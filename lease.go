@@ -261,9 +261,10 @@ func (ls *Lease) lose(reason string, cause error) {
 const recheckGap = 20 * time.Millisecond
 
 // heartbeat renews the lease every heartbeat interval while it is held. A
-// renewal that fails with a store error is retried with jittered backoff
-// until the deadline; the loss timer, not this loop, declares expiry, so a
-// store that hangs cannot delay the loss. A value on recheck (the driver's
+// renewal refused for its credentials (ErrPermissionDenied) loses the lease
+// at once. A renewal that fails with a store error is retried with
+// jittered backoff until the deadline; the loss timer, not this loop,
+// declares expiry, so a store that hangs cannot delay the loss. A value on recheck (the driver's
 // hint that the grant may be gone) renews at once, at most once per
 // recheckGap: a refused renewal loses the lease then, a confirmed one keeps
 // it, so a forged or stale hint ends nothing.
@@ -329,6 +330,14 @@ func (ls *Lease) heartbeat(pushedLoss, recheck <-chan struct{}) {
 			ls.mu.Unlock()
 			l.observer(o).Renewed(RenewEvent{Store: l.store, KeyClass: o.keyClass, Margin: margin})
 			next = sent.Add(interval)
+		case errors.Is(err, ErrPermissionDenied):
+			// The store refused the renewal for its credentials (a
+			// revoked token, a rule taken away): no retry can confirm
+			// the grant, so it cannot be trusted to the deadline, and
+			// retrying would only flood the store with refusals.
+			l.observer(o).Renewed(RenewEvent{Store: l.store, KeyClass: o.keyClass, Err: err})
+			ls.lose(LostPermissionDenied, err)
+			return
 		case errors.Is(err, ErrLeaseLost):
 			l.observer(o).Renewed(RenewEvent{Store: l.store, KeyClass: o.keyClass, Err: err})
 			ls.lose(LostNotOwner, err)

@@ -21,7 +21,7 @@ type Observer interface {
 	Renewed(e RenewEvent)
 	// LeaseEnded reports a lease that ended, by release or by loss, with how
 	// long it was held and, for a loss, its reason ("expired",
-	// "not_owner", "store_reported").
+	// "not_owner", "store_reported", "permission_denied").
 	LeaseEnded(e EndEvent)
 }
 
@@ -62,6 +62,9 @@ const (
 	LostExpired       = "expired"        // validity deadline passed without a confirmed renewal
 	LostNotOwner      = "not_owner"      // a renewal said the owner token no longer holds the key
 	LostStoreReported = "store_reported" // the store pushed the loss (session expiry, dropped connection)
+	// LostPermissionDenied: a renewal was refused for its credentials
+	// (ErrPermissionDenied: a revoked token, a permission taken away).
+	LostPermissionDenied = "permission_denied"
 )
 
 type nopObserver struct{}

@@ -10,7 +10,7 @@
 //	dlock_hold_ttl_ratio                    histogram: that time divided by the lease's TTL
 //	dlock_renewals_total{result}            counter: renewals, result "ok" or "error"
 //	dlock_renewal_margin_seconds            histogram: validity left when a renewal was confirmed
-//	dlock_leases_lost_total{reason}         counter: leases lost while held ("expired", "not_owner", "store_reported")
+//	dlock_leases_lost_total{reason}         counter: leases lost while held ("expired", "not_owner", "store_reported", "permission_denied")
 //
 // The renewal margin is the early warning that a TTL is too short for the
 // store's latency: when it approaches zero, leases are about to be lost.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"runtime"
-	"slices"
 	"time"
 
 	"google.golang.org/grpc"
@@ -72,8 +71,10 @@ func newGRPCServer(s *Server) *grpc.Server {
 		// is counted, recovered and limited as a local one.
 		// Authentication (auth.go) comes before forwarding: a follower
 		// checks a call before it forwards it.
-		grpc.ChainUnaryInterceptor(s.metrics.unaryInterceptor, s.recoverUnary, lim.unaryInterceptor, s.authUnary, newGRPCForwarder(s).unaryInterceptor),
-		grpc.ChainStreamInterceptor(s.metrics.streamInterceptor, s.recoverStream, lim.streamInterceptor, s.authStream),
+		// A client certificate (--tls-client-ca, tls.go) is checked just
+		// before authentication.
+		grpc.ChainUnaryInterceptor(s.metrics.unaryInterceptor, s.recoverUnary, lim.unaryInterceptor, s.requireClientCertUnary, s.authUnary, newGRPCForwarder(s).unaryInterceptor),
+		grpc.ChainStreamInterceptor(s.metrics.streamInterceptor, s.recoverStream, lim.streamInterceptor, s.requireClientCertStream, s.authStream),
 	)
 	dlockv1.RegisterLockServer(g, &api{s: s})
 	return g
@@ -273,18 +274,15 @@ func (a *api) Inspect(ctx context.Context, req *dlockv1.InspectRequest) (*dlockv
 // List implements dlockv1.LockServer.
 //
 // With an auth file, a list is allowed when the caller may read some key
-// under the prefix, and answers only the keys it may read: a page may then
-// hold fewer holders than the limit (page on with next_page_token).
+// under the prefix, and scans only the keys it may read (Server.list):
+// its holders and its next_page_token name readable keys alone.
 func (a *api) List(ctx context.Context, req *dlockv1.ListRequest) (*dlockv1.ListResponse, error) {
 	if err := a.s.authorizeRequest(ctx, req); err != nil { // read under the prefix (auth.go)
 		return nil, err
 	}
-	hs, next, err := a.s.list(req.GetPrefix(), req.GetPageToken(), int(req.GetLimit()))
+	hs, next, err := a.s.list(ctx, req.GetPrefix(), req.GetPageToken(), int(req.GetLimit()))
 	if err != nil {
 		return nil, err
-	}
-	if a.s.authEnabled() {
-		hs = slices.DeleteFunc(hs, func(h holderOut) bool { return !a.s.allowed(ctx, PermRead, h.key) })
 	}
 	resp := &dlockv1.ListResponse{Holders: make([]*dlockv1.HolderInfo, len(hs)), NextPageToken: next}
 	for i, h := range hs {

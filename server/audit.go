@@ -16,14 +16,17 @@ package server
 //
 // time is RFC 3339 in UTC with nanoseconds; identity the name from the auth
 // file ("member:<id>" for another member, "anonymous" without an auth
-// file or credentials); remote the caller's address when known; action an
-// admin action (force-release, cluster-add, cluster-remove,
-// cluster-transfer-leader, auth-reload) or, for a refusal, the operation
+// file or credentials, "signal:SIGHUP" for dlockd's reload on SIGHUP);
+// via, on a call another member forwarded for identity, that member's
+// node ID (the certificate that made the call); remote the caller's
+// address when known; action an admin action (force-release, cluster-add,
+// cluster-remove, cluster-transfer-leader, auth-reload, tls-reload) or,
+// for a refusal, the operation
 // refused (the gRPC method, "Lock/Acquire", or the HTTP request, "POST
 // /v1/acquire"); key the key ("" for cluster-wide actions); reason the
 // operator's reason of a force release, or the refusal's message (which
-// names the missing permission); result "ok", "failed" (a reload that did
-// not parse), or the gRPC code of the answer ("PERMISSION_DENIED",
+// names the missing permission, or why a reload failed); result "ok",
+// "failed" (a reload that did not parse or read), or the gRPC code of the answer ("PERMISSION_DENIED",
 // "UNAUTHENTICATED", "NOT_FOUND", ...). A token never appears: only its
 // identity's name.
 //
@@ -40,6 +43,21 @@ package server
 // file. Without Config.AuditLogFile the lines go to the server's log at
 // info instead.
 //
+// # Floods of refusals
+//
+// A refusal of authentication (UNAUTHENTICATED: no, or a bad, credential)
+// is not attributable to an identity, and anyone who reaches the port can
+// send them: left alone, 300 bad requests would rotate every earlier line
+// out of a small audit log. They are aggregated per remote IP: at most one
+// line (in the audit log, or the server's log without one) per IP every
+// denyLogEvery; the next line written for that IP says how many were
+// suppressed in between ("suppressed": N). The table of IPs holds at most
+// denyLimiterMax entries (the longest quiet one is evicted first). A
+// refusal of authorisation (PERMISSION_DENIED) names a known identity and
+// stays one audit line each; its line in the server's log (without an
+// audit log) is limited the same way per identity. Admin actions are
+// never suppressed, and dlockd_audit_events_total counts every event.
+//
 // # Rotation
 //
 // Before a line would take the file past Config.AuditLogMaxBytes, the file
@@ -47,10 +65,12 @@ package server
 // is deleted) and a new FILE is started. Files are created with mode 0600.
 
 import (
+	"container/list"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strconv"
 	"sync"
@@ -71,6 +91,12 @@ const (
 	// Defaults of Config.AuditLogMaxBytes and AuditLogMaxFiles (zero).
 	defaultAuditMaxBytes = 100 << 20
 	defaultAuditMaxFiles = 10
+	// denyLogEvery is the least time between two lines of refusals from
+	// one remote IP (UNAUTHENTICATED) or, in the server's log, for one
+	// identity (PERMISSION_DENIED); the lines in between are counted.
+	denyLogEvery = 10 * time.Second
+	// denyLimiterMax bounds the IPs and identities denyLogEvery tracks.
+	denyLimiterMax = 10000
 )
 
 // auditLine is one line of the audit log.
@@ -78,11 +104,18 @@ type auditLine struct {
 	Time     string `json:"time"`
 	Node     string `json:"node"`
 	Identity string `json:"identity"`
-	Remote   string `json:"remote,omitempty"`
-	Action   string `json:"action"`
-	Key      string `json:"key"`
-	Reason   string `json:"reason"`
-	Result   string `json:"result"`
+	// Via is the member (node ID) that forwarded the call on behalf of
+	// Identity, whose certificate proved it; "" for a direct call.
+	Via    string `json:"via,omitempty"`
+	Remote string `json:"remote,omitempty"`
+	Action string `json:"action"`
+	Key    string `json:"key"`
+	Reason string `json:"reason"`
+	Result string `json:"result"`
+	// Suppressed counts the refusals of the same remote IP (in the
+	// server's log also: of the same identity) not written since its
+	// previous line (see "Floods of refusals").
+	Suppressed int `json:"suppressed,omitempty"`
 }
 
 // auditLog is the writer of Config.AuditLogFile.
@@ -96,6 +129,65 @@ type auditLog struct {
 	closed bool
 	done   chan struct{}
 	rot    *rotator
+
+	byIP   *denyLimiter // UNAUTHENTICATED lines, per remote IP
+	byName *denyLimiter // PERMISSION_DENIED lines of the server's log, per identity
+}
+
+// denyLimiter lets through one line per key (a remote IP, an identity)
+// every `every`, and counts the others. It keeps at most max keys,
+// evicting the one whose last line is the oldest.
+type denyLimiter struct {
+	every time.Duration
+	max   int
+
+	mu    sync.Mutex
+	m     map[string]*list.Element // of *denyEntry
+	order list.List                // least recently written first
+}
+
+type denyEntry struct {
+	key        string
+	last       time.Time // the last line written
+	suppressed int       // lines not written since
+}
+
+func newDenyLimiter(every time.Duration, max int) *denyLimiter {
+	return &denyLimiter{every: every, max: max, m: make(map[string]*list.Element)}
+}
+
+// admit reports whether a line for key may be written at now and, when it
+// may, how many lines for key were suppressed since the last one written.
+func (l *denyLimiter) admit(key string, now time.Time) (ok bool, suppressed int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if el := l.m[key]; el != nil {
+		e := el.Value.(*denyEntry)
+		if now.Sub(e.last) < l.every {
+			e.suppressed++
+			return false, 0
+		}
+		n := e.suppressed
+		e.last, e.suppressed = now, 0
+		l.order.MoveToBack(el)
+		return true, n
+	}
+	for l.order.Len() >= l.max {
+		old := l.order.Front()
+		l.order.Remove(old)
+		delete(l.m, old.Value.(*denyEntry).key)
+	}
+	l.m[key] = l.order.PushBack(&denyEntry{key: key, last: now})
+	return true, 0
+}
+
+// remoteIP is the host part of a remote address ("10.0.0.7" of
+// "10.0.0.7:50412"), or the address itself.
+func remoteIP(remote string) string {
+	if h, _, err := net.SplitHostPort(remote); err == nil {
+		return h
+	}
+	return remote
 }
 
 // initAudit registers the audit metrics; New calls it.
@@ -103,13 +195,15 @@ func (s *Server) initAudit() {
 	a := &auditLog{
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dlockd_audit_events_total",
-			Help: "Audit events: admin actions (action force-release, cluster-add, cluster-remove, cluster-transfer-leader, auth-reload) and refusals (action deny), by result (ok, failed, or the answer's gRPC code).",
+			Help: "Audit events: admin actions (action force-release, cluster-add, cluster-remove, cluster-transfer-leader, auth-reload, tls-reload) and refusals (action deny), by result (ok, failed, or the answer's gRPC code).",
 		}, []string{"action", "result"}),
 		writeErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dlockd_audit_write_errors_total",
 			Help: "Audit lines not written to the audit log: the write failed, or the writer was too far behind.",
 		}),
 	}
+	a.byIP = newDenyLimiter(denyLogEvery, denyLimiterMax)
+	a.byName = newDenyLimiter(denyLogEvery, denyLimiterMax)
 	s.metrics.reg.MustRegister(a.events, a.writeErrors)
 	s.auth.audit = a
 }
@@ -181,29 +275,49 @@ func (s *Server) auditWarn(msg string, args ...any) {
 }
 
 // audit records one audit event: an admin action (action names it; result
-// "ok" when err is nil) or a refusal (err's code). reason is the
-// operator's reason or the refusal's message. It never blocks for more
-// than auditWaitMax.
+// "ok" when err is nil) or a refusal (action "deny", err's code). reason
+// is the operator's reason or the refusal's message. Refusals are
+// aggregated as "Floods of refusals" says; every event is counted. It
+// never blocks for more than auditWaitMax.
 func (s *Server) audit(ctx context.Context, action, key, reason string, err error) {
 	a := s.auth.audit
 	result := auditResult(err)
 	label := action
+	refusal := action == "deny" || action == ""
 	if result == "PERMISSION_DENIED" || result == "UNAUTHENTICATED" {
 		label = "deny"
-		if action == "deny" || action == "" {
+		if refusal {
 			action = operation(ctx)
 		}
 	}
 	a.events.WithLabelValues(label, result).Inc()
+	now := time.Now()
 	l := auditLine{
-		Time:     time.Now().UTC().Format(time.RFC3339Nano),
+		Time:     now.UTC().Format(time.RFC3339Nano),
 		Node:     s.cfg.NodeID,
 		Identity: identityName(ctx),
+		Via:      viaOf(ctx),
 		Remote:   remoteOf(ctx),
 		Action:   action,
 		Key:      key,
 		Reason:   reason,
 		Result:   result,
+	}
+	logLine := true // the line may go to the server's log (no audit file)
+	if refusal {
+		switch result {
+		case "UNAUTHENTICATED":
+			ok, n := a.byIP.admit(remoteIP(l.Remote), now)
+			if !ok {
+				return
+			}
+			l.Suppressed = n
+		case "PERMISSION_DENIED":
+			if s.cfg.AuditLogFile == "" { // every line to the file; the server's log is limited
+				ok, n := a.byName.admit(l.Identity, now)
+				logLine, l.Suppressed = ok, n
+			}
+		}
 	}
 	b, merr := json.Marshal(l)
 	if merr != nil { // strings only: cannot happen
@@ -218,7 +332,14 @@ func (s *Server) audit(ctx context.Context, action, key, reason string, err erro
 			a.writeErrors.Inc()
 			return
 		}
-		s.log.Info("dlockd: audit", "identity", l.Identity, "remote", l.Remote, "action", l.Action, "key", l.Key, "reason", l.Reason, "result", l.Result)
+		if !logLine {
+			return
+		}
+		args := []any{"identity", l.Identity, "via", l.Via, "remote", l.Remote, "action", l.Action, "key", l.Key, "reason", l.Reason, "result", l.Result}
+		if l.Suppressed > 0 {
+			args = append(args, "suppressed", l.Suppressed)
+		}
+		s.log.Info("dlockd: audit", args...)
 		return
 	}
 	if a.closed {

@@ -75,10 +75,19 @@ package server
 //
 // # Reload
 //
-// Reload (SIGHUP in dlockd) reads the file again. A file that does not
-// parse leaves the rules in force, logs an error and audits
-// "auth-reload" with result "failed"; calls in flight finish under the
-// rules they started with. Without Config.AuthFile nothing here runs: no
+// Reload (ReloadAs("signal:SIGHUP") in dlockd: the audit line's identity)
+// reads the file again. A file that does not parse leaves the rules in
+// force, logs an error and audits "auth-reload" with result "failed"; the
+// TLS files' reload is audited "tls-reload" the same way. Calls in flight
+// finish under the rules they started with.
+//
+// # Lists
+//
+// A list (List, /v1/list, the dashboard's keys) scans only the key ranges
+// under its prefix that the caller may read (readRanges): the pages, and
+// the page tokens that name their last key, never name a key it may not
+// read, and a page token the client makes up only moves the start of the
+// scan within those ranges. Without Config.AuthFile nothing here runs: no
 // identity is attached and every call is allowed, as before issue 12.
 
 import (
@@ -193,7 +202,8 @@ type rule struct {
 type identity struct {
 	name   string
 	rules  []rule
-	member bool // another member (peer certificate): every permission
+	member bool   // another member (peer certificate): every permission
+	via    string // the member (node ID) that forwarded the call, or ""
 
 	ar       *authRules         // the rules it was found in (nil: a member)
 	tokenSum *[sha256.Size]byte // proven by this token
@@ -227,7 +237,9 @@ func (s *Server) fresh(id *identity) *identity {
 	if n == nil {
 		return nil
 	}
-	return n.bound(cur, id.tokenSum, id.leaf)
+	b := n.bound(cur, id.tokenSum, id.leaf)
+	b.via = id.via
+	return b
 }
 
 // can reports whether id has p on key.
@@ -323,27 +335,40 @@ func (s *Server) loadAuth() error {
 	return nil
 }
 
-// Reload reads Config.AuthFile again and, through reloadTLS, the API's TLS
-// files; dlockd calls it on SIGHUP. An auth file that fails to read or
-// parse keeps the rules in force: the error is logged, audited
-// (action "auth-reload", result "failed") and returned. Without AuthFile
-// only the TLS files are read. It returns every error joined.
-func (s *Server) Reload() error {
+// Reload is ReloadAs("operator"): the reload of a program that embeds the
+// server. dlockd calls ReloadAs("signal:SIGHUP") on SIGHUP.
+func (s *Server) Reload() error { return s.ReloadAs("operator") }
+
+// ReloadAs reads Config.AuthFile again and, through reloadTLS, the TLS
+// files; who names what asked for it in the audit log's identity field
+// ("signal:SIGHUP" in dlockd). An auth file that fails to read or parse
+// keeps the rules in force: the error is logged, audited (action
+// "auth-reload", result "failed", the error as reason) and returned. When
+// TLS is configured, its reload is audited too (action "tls-reload": "ok",
+// or "failed" with the reason; the certificates in force then stay).
+// Without AuthFile only the TLS files are read. It returns every error
+// joined.
+func (s *Server) ReloadAs(who string) error {
+	ctx := withIdentity(context.Background(), &identity{name: who})
 	var errs []error
 	if s.cfg.AuthFile != "" {
 		ar, err := readAuthFile(s.cfg.AuthFile)
 		if err != nil {
 			s.log.Error("dlockd: auth file not reloaded; the rules in force stay", "file", s.cfg.AuthFile, "err", err)
-			s.audit(context.Background(), "auth-reload", "", err.Error(), err)
+			s.audit(ctx, "auth-reload", "", err.Error(), err)
 			errs = append(errs, err)
 		} else {
 			s.auth.rules.Store(ar)
 			s.log.Info("dlockd: auth file reloaded", "file", s.cfg.AuthFile, "identities", len(ar.byName))
-			s.audit(context.Background(), "auth-reload", "", fmt.Sprintf("%d identities", len(ar.byName)), nil)
+			s.audit(ctx, "auth-reload", "", fmt.Sprintf("%d identities", len(ar.byName)), nil)
 		}
 	}
+	tlsOn := s.cfg.TLSCertFile != "" || s.cfg.PeerCertFile != ""
 	if err := s.reloadTLS(); err != nil {
+		s.audit(ctx, "tls-reload", "", err.Error(), err)
 		errs = append(errs, err)
+	} else if tlsOn {
+		s.audit(ctx, "tls-reload", "", "certificates re-read", nil)
 	}
 	return errors.Join(errs...)
 }
@@ -659,6 +684,15 @@ func identityFrom(ctx context.Context) *identity {
 	return id
 }
 
+// viaOf is the member that forwarded ctx's call (its node ID), for audit
+// lines, or "".
+func viaOf(ctx context.Context) string {
+	if id := identityFrom(ctx); id != nil {
+		return id.via
+	}
+	return ""
+}
+
 // identityName is the name of ctx's identity for logs and audit lines:
 // "anonymous" without one.
 func identityName(ctx context.Context) string {
@@ -692,7 +726,13 @@ func (s *Server) authenticate(ar *authRules, authz []string, st *tls.ConnectionS
 		if id == nil {
 			return nil, unauthenticated("unknown token (not in the auth file, or revoked)")
 		}
-		return id.bound(ar, &sum, nil), nil
+		b := id.bound(ar, &sum, nil)
+		if st != nil && len(st.PeerCertificates) > 0 {
+			if node, ok := s.memberCert(st); ok {
+				b.via = node // a member forwarded the client's token
+			}
+		}
+		return b, nil
 	}
 	if st != nil && len(st.PeerCertificates) > 0 {
 		if node, ok := s.memberCert(st); ok {
@@ -703,7 +743,9 @@ func (s *Server) authenticate(ar *authRules, authz []string, st *tls.ConnectionS
 			if id == nil {
 				return nil, unauthenticated("member %s forwarded a call of identity %q, which this node's auth file does not define", node, onBehalf)
 			}
-			return id.bound(ar, nil, nil), nil
+			b := id.bound(ar, nil, nil)
+			b.via = node
+			return b, nil
 		}
 		if len(st.VerifiedChains) > 0 {
 			leaf := st.PeerCertificates[0]
@@ -723,6 +765,12 @@ func (s *Server) authenticate(ar *authRules, authz []string, st *tls.ConnectionS
 // counted. key "" with PermAdmin is a cluster-wide admin action (it needs
 // admin on the prefix "").
 func (s *Server) authorize(ctx context.Context, p Permission, key string) error {
+	return s.authorizeKey(ctx, p, key, false)
+}
+
+// authorizeKey is authorize; isPrefix says key is a prefix (a list's), for
+// the refusal's message.
+func (s *Server) authorizeKey(ctx context.Context, p Permission, key string, isPrefix bool) error {
 	if !s.authEnabled() {
 		return nil
 	}
@@ -740,17 +788,23 @@ func (s *Server) authorize(ctx context.Context, p Permission, key string) error 
 	if id.can(p, key) {
 		return nil
 	}
-	err := s.denied(id, p, key)
+	err := s.denied(id, p, key, isPrefix)
 	s.audit(ctx, "deny", key, err.msg, err)
 	return err
 }
 
-// denied is the PERMISSION_DENIED answer for id lacking p on key.
-func (s *Server) denied(id *identity, p Permission, key string) *apiError {
+// denied is the PERMISSION_DENIED answer for id lacking p on key (on the
+// prefix key, for a list, when isPrefix).
+func (s *Server) denied(id *identity, p Permission, key string, isPrefix bool) *apiError {
 	var msg string
-	if key == "" {
+	switch {
+	case key == "" && isPrefix:
+		msg = fmt.Sprintf("permission denied: identity %q lacks %s on any key (a list of the prefix \"\")", id.name, p)
+	case key == "":
 		msg = fmt.Sprintf("permission denied: identity %q lacks %s on the prefix \"\" (every key: a cluster-wide action)", id.name, p)
-	} else {
+	case isPrefix:
+		msg = fmt.Sprintf("permission denied: identity %q lacks %s on any key under the prefix %q", id.name, p, key)
+	default:
 		msg = fmt.Sprintf("permission denied: identity %q lacks %s on key %q", id.name, p, key)
 	}
 	return &apiError{code: codes.PermissionDenied, reason: ReasonPermissionDenied, msg: msg}
@@ -784,8 +838,65 @@ func (s *Server) allowed(ctx context.Context, p Permission, key string) bool {
 	return id != nil && id.can(p, key)
 }
 
+// readRanges returns the key ranges under prefix that the identity of ctx
+// may read, as the minimal set of prefixes in key order: the intersection
+// of prefix with each prefix on which the identity has read (or admin),
+// nested ones reduced to the outer one. Each names a contiguous range of
+// the ordered index, and the ranges are disjoint and ascending, so a list
+// walks them in order and scans only keys the caller may read: its page
+// tokens name only such keys, and its answers never depend on keys it may
+// not read. Without an auth file, and for a member, it is [prefix]; an
+// identity that may read nothing under prefix gets none (callers check
+// authorizeList first, which refuses that case).
+func (s *Server) readRanges(ctx context.Context, prefix string) []string {
+	if !s.authEnabled() {
+		return []string{prefix}
+	}
+	id := s.fresh(identityFrom(ctx))
+	if id == nil {
+		return nil
+	}
+	return id.readRanges(prefix)
+}
+
+// readRanges is Server.readRanges for id.
+func (id *identity) readRanges(prefix string) []string {
+	if id.member {
+		return []string{prefix}
+	}
+	var rs []string
+	for _, r := range id.rules {
+		if !r.perms.has(PermRead) {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(prefix, r.prefix): // every key under prefix
+			return []string{prefix}
+		case strings.HasPrefix(r.prefix, prefix): // the keys under r.prefix
+			rs = append(rs, r.prefix)
+		}
+	}
+	return minimalPrefixes(rs)
+}
+
+// minimalPrefixes sorts ps and drops every prefix that another one of ps
+// is a prefix of (its keys are already in that one's range). Sorted, a
+// prefix comes just before the strings it prefixes, so one pass against
+// the last kept prefix is enough.
+func minimalPrefixes(ps []string) []string {
+	slices.Sort(ps)
+	out := ps[:0]
+	for _, p := range ps {
+		if len(out) > 0 && strings.HasPrefix(p, out[len(out)-1]) {
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
 // authorizeList allows a list of prefix when the identity of ctx may read
-// some key under it; the results are then filtered with allowed.
+// some key under it; the list then scans only readRanges.
 func (s *Server) authorizeList(ctx context.Context, prefix string) error {
 	if !s.authEnabled() {
 		return nil
@@ -794,7 +905,7 @@ func (s *Server) authorizeList(ctx context.Context, prefix string) error {
 	if id != nil && id.canUnder(PermRead, prefix) {
 		return nil
 	}
-	return s.authorize(ctx, PermRead, prefix) // the refusal, audited
+	return s.authorizeKey(ctx, PermRead, prefix, true) // the refusal, audited
 }
 
 // authorizeRequest checks the permission a Lock or Cluster request needs:

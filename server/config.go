@@ -93,11 +93,16 @@ type Config struct {
 	// rotated certificate is served without a restart.
 	TLSCertFile, TLSKeyFile string
 	// TLSClientCAFile is the CA certificate(s) (PEM) of client
-	// certificates (mutual TLS): with it, every client of the API port must
-	// present a certificate that verifies against it, or against
-	// PeerCAFile (other members). Without it, client certificates are
-	// optional and only members' (PeerCAFile) are verified. Needs
-	// TLSCertFile.
+	// certificates (mutual TLS): with it, every call of the API port must
+	// come with a certificate that verifies against it, or against
+	// PeerCAFile (other members), except /healthz, /readyz, /metrics and
+	// the dashboard's static files (health checks and Prometheus present
+	// none); a call without one is UNAUTHENTICATED (HTTP 401). A
+	// certificate that does not verify fails the handshake. Without it,
+	// client certificates are optional and only members' (PeerCAFile) are
+	// verified. Needs TLSCertFile. It must not be (or contain) the peer
+	// CA: client and identity certificates must never be issued by the
+	// peer CA (see tls.go); Start logs a warning when it is.
 	TLSClientCAFile string
 	// TLSCAFile is the CA certificate(s) (PEM) this node verifies other
 	// members' API certificates against when it forwards a call, joins or
@@ -212,6 +217,12 @@ type Config struct {
 	// its file descriptor, the very resource the cap protects, and the
 	// client's reconnection backoff spaces out its retries. Default 10,000.
 	MaxConnections int
+	// MaxConnectionsPerIP bounds the open connections of the API port
+	// from one source IP address (limit "connections_per_ip", refused as
+	// MaxConnections refuses), so that one source cannot take every slot,
+	// e.g. with idle sockets held through the TLS handshake window. 0: no
+	// cap. Default 1,000.
+	MaxConnectionsPerIP int
 	// MaxStreamsPerConnection is the HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS
 	// of gRPC connections: a client runs at most this many calls at once on
 	// one connection and queues the others itself (grpc-go refuses excess
@@ -313,6 +324,7 @@ func DefaultConfig() Config {
 
 		// Connection and stream limits.
 		MaxConnections:          10000,
+		MaxConnectionsPerIP:     1000,
 		MaxStreamsPerConnection: 1024,
 		MaxSessionStreams:       10000,
 		MaxWaitStreams:          10000,
@@ -396,6 +408,9 @@ func (c Config) Validate() error {
 	if c.MaxConnections < 1 {
 		bad("MaxConnections %d < 1", c.MaxConnections)
 	}
+	if c.MaxConnectionsPerIP < 0 {
+		bad("MaxConnectionsPerIP %d < 0 (0: no cap)", c.MaxConnectionsPerIP)
+	}
 	if c.MaxStreamsPerConnection < 1 || c.MaxStreamsPerConnection > 1<<31-1 {
 		bad("MaxStreamsPerConnection %d outside [1, 2^31-1]", c.MaxStreamsPerConnection)
 	}
@@ -454,11 +469,11 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Join, "join", c.Join, "API address (host:port) of a member of a running cluster to join as a voter on first start")
 	fs.StringVar(&c.PeerCertFile, "peer-cert", c.PeerCertFile, "this node's certificate (PEM) for mutual TLS on the Raft port (required with --peer-key and --peer-ca when --raft-bind is not a loopback address)")
 	fs.StringVar(&c.PeerKeyFile, "peer-key", c.PeerKeyFile, "this node's private key (PEM) for mutual TLS on the Raft port (required when --raft-bind is not a loopback address)")
-	fs.StringVar(&c.PeerCAFile, "peer-ca", c.PeerCAFile, "CA certificate(s) (PEM) that members' Raft certificates are verified against (required when --raft-bind is not a loopback address)")
+	fs.StringVar(&c.PeerCAFile, "peer-ca", c.PeerCAFile, "CA certificate(s) (PEM) that members' Raft certificates are verified against (required when --raft-bind is not a loopback address); re-read on SIGHUP. Issue only node certificates from it: one whose CN is a node ID is a cluster member on the API, and one may join the cluster under its CN; never client or identity certificates")
 	// API TLS (issue 12).
 	fs.StringVar(&c.TLSCertFile, "tls-cert", c.TLSCertFile, "certificate (PEM) of the API port: serve gRPC and HTTP over TLS (with --tls-key; re-read on SIGHUP)")
 	fs.StringVar(&c.TLSKeyFile, "tls-key", c.TLSKeyFile, "private key (PEM) of --tls-cert")
-	fs.StringVar(&c.TLSClientCAFile, "tls-client-ca", c.TLSClientCAFile, "CA certificate(s) (PEM) of client certificates: require one from every API client (mutual TLS; members' --peer-ca certificates are accepted too)")
+	fs.StringVar(&c.TLSClientCAFile, "tls-client-ca", c.TLSClientCAFile, "CA certificate(s) (PEM) of client certificates: require one on every API call but /healthz, /readyz, /metrics and /ui/ static files (mutual TLS; members' --peer-ca certificates are accepted too); re-read on SIGHUP. Must not be --peer-ca's CA: client and identity certificates must never be issued by the peer CA")
 	fs.StringVar(&c.TLSCAFile, "tls-ca", c.TLSCAFile, "CA certificate(s) (PEM) that other members' API certificates are verified against (default: --peer-ca)")
 	fs.BoolVar(&c.InsecureListen, "insecure-listen", c.InsecureListen, "allow a --listen that is not loopback without --tls-cert (the API is then open to the network in clear)")
 	// Authentication and audit (issue 12).
@@ -489,6 +504,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 
 	// Connection and stream limits.
 	fs.IntVar(&c.MaxConnections, "max-connections", c.MaxConnections, "open connections limit of the API port; more are closed at once")
+	fs.IntVar(&c.MaxConnectionsPerIP, "max-connections-per-ip", c.MaxConnectionsPerIP, "open connections limit of the API port from one source IP address (0: no cap); more are closed at once")
 	fs.IntVar(&c.MaxStreamsPerConnection, "max-streams-per-connection", c.MaxStreamsPerConnection, "concurrent gRPC streams limit per connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS)")
 	fs.IntVar(&c.MaxSessionStreams, "max-session-streams", c.MaxSessionStreams, "open Session streams limit of the server")
 	fs.IntVar(&c.MaxWaitStreams, "max-wait-streams", c.MaxWaitStreams, "open Wait streams limit of the server")

@@ -567,8 +567,11 @@ func (s *Server) inspect(key string) (holderOut, bool, error) {
 // list describes up to limit held keys starting with prefix, sorted, from
 // the page that pageToken names (empty: the first), and returns the token of
 // the next page ("" after the last). Its cost is the page's, not the
-// table's: the FSM walks its ordered key index.
-func (s *Server) list(prefix, pageToken string, limit int) ([]holderOut, string, error) {
+// table's: the FSM walks its ordered key index. With an auth file it scans
+// only the key ranges ctx's identity may read (readRanges), so every key
+// it reads, returns or names in a page token is readable by the caller; a
+// page token naming any other string just starts the walk after it.
+func (s *Server) list(ctx context.Context, prefix, pageToken string, limit int) ([]holderOut, string, error) {
 	if len(prefix) > s.cfg.MaxKeyBytes || !utf8.ValidString(prefix) {
 		return nil, "", apiErr(codes.InvalidArgument, ReasonInvalidKey, "invalid prefix: more than %d bytes or not UTF-8", s.cfg.MaxKeyBytes)
 	}
@@ -585,7 +588,9 @@ func (s *Server) list(prefix, pageToken string, limit int) ([]holderOut, string,
 	if err := s.readBarrier(); err != nil {
 		return nil, "", err
 	}
-	vs, more := s.fsm.list(prefix, after, limit)
+	// Only the ranges the caller may read are scanned (auth.go), so the
+	// page and its token name readable keys alone.
+	vs, more := s.fsm.listIn(s.readRanges(ctx, prefix), after, limit)
 	out := make([]holderOut, len(vs))
 	for i, v := range vs {
 		out[i] = s.describe(v)

@@ -517,13 +517,16 @@ func newHTTPForwarder(s *Server, mux *http.ServeMux) *httpForwarder {
 // goroutine that closes its idle connections when the server stops.
 func (f *httpForwarder) transport() *http.Transport {
 	f.once.Do(func() {
+		dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+			d := net.Dialer{Timeout: forwardDialTimeout, KeepAlive: 30 * time.Second}
+			return d.DialContext(ctx, network, f.s.dialAddr(addr))
+		}
 		f.tr = &http.Transport{
-			Proxy: nil, // never through an environment proxy
-			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-				d := net.Dialer{Timeout: forwardDialTimeout, KeepAlive: 30 * time.Second}
-				return d.DialContext(ctx, network, f.s.dialAddr(addr))
-			},
-			TLSClientConfig:     f.s.memberTLSConfig(""), // nil without API TLS; the server name is the URL's host
+			Proxy:       nil, // never through an environment proxy
+			DialContext: dial,
+			// nil without API TLS; the server name is the URL's host, the
+			// certificates the current ones (re-read on SIGHUP).
+			DialTLSContext:      f.s.memberDialTLS(dial),
 			MaxIdleConns:        64,
 			MaxIdleConnsPerHost: 64,
 			IdleConnTimeout:     time.Minute,

@@ -823,28 +823,45 @@ func (f *fsm) peek(key, owner string) (holderView, bool) {
 // ordered index from the first candidate and copies only the page: its cost
 // is the page, not the table. more reports whether held keys follow.
 func (f *fsm) list(prefix, after string, limit int) (out []holderView, more bool) {
+	return f.listIn([]string{prefix}, after, limit)
+}
+
+// listIn is list over several prefixes: the held keys that start with one
+// of prefixes (ascending and disjoint: none a prefix of another, as
+// minimalPrefixes returns them) and sort after after, in key order. It
+// reads only keys under prefixes (a caller's readable ranges, auth.go):
+// more too is about those keys alone.
+func (f *fsm) listIn(prefixes []string, after string, limit int) (out []holderView, more bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	from := prefix
-	if after != "" && after >= from {
-		from = after + "\x00"
-	}
 	out = make([]holderView, 0, min(limit, 64))
-	f.keys.AscendGreaterOrEqual(from, func(k string) bool {
-		if !strings.HasPrefix(k, prefix) {
-			return false
+	for _, prefix := range prefixes {
+		from := prefix
+		if after != "" && after >= from {
+			if !strings.HasPrefix(after, prefix) && after > prefix {
+				continue // the whole range sorts before after
+			}
+			from = after + "\x00"
 		}
-		e := f.locks[k]
-		if !e.held {
+		f.keys.AscendGreaterOrEqual(from, func(k string) bool {
+			if !strings.HasPrefix(k, prefix) {
+				return false
+			}
+			e := f.locks[k]
+			if !e.held {
+				return true
+			}
+			if len(out) == limit {
+				more = true
+				return false
+			}
+			out = append(out, holderView{key: k, held: true, grant: e.grant, waiters: e.q.len()})
 			return true
+		})
+		if more {
+			break
 		}
-		if len(out) == limit {
-			more = true
-			return false
-		}
-		out = append(out, holderView{key: k, held: true, grant: e.grant, waiters: e.q.len()})
-		return true
-	})
+	}
 	return out, more
 }
 

@@ -116,7 +116,9 @@ func newHTTPHandler(s *Server) http.Handler {
 	}
 	// A node that is not the leader forwards the /v1/ routes to it, after
 	// the caller is authenticated (auth.go).
-	return s.recoverHTTP(s.authHTTP(newHTTPForwarder(s, mux)))
+	// Before that, a client certificate when --tls-client-ca asks for one
+	// (tls.go).
+	return s.recoverHTTP(s.requireClientCertHTTP(s.authHTTP(newHTTPForwarder(s, mux))))
 }
 
 // unary serves one JSON route: read the body (bounded by MaxRequestBytes

@@ -116,7 +116,7 @@ func TestServer_ListOfManyKeysDoesNotStallAcquires(t *testing.T) {
 					return
 				default:
 				}
-				if _, _, err := s.list("", "", 1); err != nil {
+				if _, _, err := s.list(context.Background(), "", "", 1); err != nil {
 					t.Error(err)
 					return
 				}

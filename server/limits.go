@@ -47,6 +47,7 @@ const (
 // Values of the limit label of dlockd_limit_refusals_total.
 const (
 	limitConnections     = "connections"
+	limitConnectionsIP   = "connections_per_ip"
 	limitSessionStreams  = "session_streams"
 	limitWaitStreams     = "wait_streams"
 	limitWatchStreams    = "watch_streams"
@@ -108,25 +109,38 @@ func (l *limits) refused(limit, msg string) {
 		return
 	}
 	l.s.metrics.limitRefusals.WithLabelValues(limit).Inc()
-	now := l.now()
+	if suppressed, ok := l.logTurn(limit); ok {
+		l.s.log.Info("dlockd: limit reached", "limit", limit, "detail", msg, "suppressed", suppressed)
+	}
+}
+
+// logTurn is the rate limit of log lines of one kind (a limit's name, or
+// another event's, e.g. "tls_handshake"): ok when a line of kind may be
+// logged now (none was less than logEvery ago), with the number of events
+// suppressed since the last line; otherwise it counts this one as
+// suppressed.
+func (l *limits) logTurn(kind string) (suppressed int, ok bool) {
+	now := time.Now()
+	if l.now != nil {
+		now = l.now()
+	}
 	l.logMu.Lock()
+	defer l.logMu.Unlock()
 	if l.logs == nil {
 		l.logs = make(map[string]*refusalLog)
 	}
-	r := l.logs[limit]
+	r := l.logs[kind]
 	if r == nil {
 		r = &refusalLog{}
-		l.logs[limit] = r
+		l.logs[kind] = r
 	}
 	if !r.last.IsZero() && now.Sub(r.last) < logEvery {
 		r.suppressed++
-		l.logMu.Unlock()
-		return
+		return 0, false
 	}
-	suppressed := r.suppressed
+	suppressed = r.suppressed
 	r.last, r.suppressed = now, 0
-	l.logMu.Unlock()
-	l.s.log.Info("dlockd: limit reached", "limit", limit, "detail", msg, "suppressed", suppressed)
+	return suppressed, true
 }
 
 // take counts one more of a resource capped at max, or refuses it with

@@ -25,8 +25,11 @@ import (
 // served either.
 //
 // It is the front door: it caps the open connections at
-// Config.MaxConnections (one more is closed at once and counted), and it
-// counts its refusals in the node's limits (see limits.go). An Accept error other
+// Config.MaxConnections, and those of one source IP address at
+// Config.MaxConnectionsPerIP (one more is closed at once and counted, limit
+// "connections" or "connections_per_ip"), so that one source cannot hold
+// every slot (idle sockets kept open through the handshake window, say);
+// it counts its refusals in the node's limits (see limits.go). An Accept error other
 // than a closed listener (EMFILE, ENFILE, ECONNABORTED, ...) is logged and
 // retried after a pause of 5ms doubling to 1s, as net/http does, so that
 // running out of file descriptors never closes the API port for good.
@@ -39,10 +42,16 @@ type connMux struct {
 	// connection's handshake runs first, in its own goroutine and within
 	// the connection cap, and the decrypted bytes are sniffed.
 	tls *tls.Config
+	// handshakeFailed, when set, counts and logs a failed TLS handshake
+	// and returns its reason (Server.tlsHandshakeFailed).
+	handshakeFailed func(remote net.Addr, err error) string
 
 	log      *slog.Logger
 	maxConns int64        // 0: no cap
 	conns    atomic.Int64 // open connections, counted from Accept to Close
+	maxPerIP int64        // 0: no cap
+	ipMu     sync.Mutex
+	perIP    map[string]int64 // open connections by source IP address
 
 	wg        sync.WaitGroup
 	closeOnce sync.Once
@@ -118,9 +127,55 @@ func (m *connMux) serve() {
 			m.lim.refused(limitConnections, fmt.Sprintf("connection from %s closed: %d connections open (limit %d)", c.RemoteAddr(), n-1, m.maxConns))
 			continue
 		}
+		ip := sourceIP(c.RemoteAddr())
+		if n, ok := m.takeIP(ip); !ok {
+			m.conns.Add(-1)
+			_ = c.Close()
+			m.lim.refused(limitConnectionsIP, fmt.Sprintf("connection from %s closed: %d connections open from %s (limit %d per address)", c.RemoteAddr(), n, ip, m.maxPerIP))
+			continue
+		}
 		m.wg.Add(1)
-		go m.route(c)
+		go m.route(&prefixConn{Conn: c, mux: m, ip: ip})
 	}
+}
+
+// sourceIP is the key of a's connections in the per-address count: its
+// IP address (its string for a non-TCP address).
+func sourceIP(a net.Addr) string {
+	if ta, ok := a.(*net.TCPAddr); ok {
+		return ta.IP.String()
+	}
+	if host, _, err := net.SplitHostPort(a.String()); err == nil {
+		return host
+	}
+	return a.String()
+}
+
+// takeIP counts one more connection from ip, or refuses it (ok false)
+// when ip has maxPerIP open already (n: how many).
+func (m *connMux) takeIP(ip string) (n int64, ok bool) {
+	m.ipMu.Lock()
+	defer m.ipMu.Unlock()
+	n = m.perIP[ip]
+	if m.maxPerIP > 0 && n >= m.maxPerIP {
+		return n, false
+	}
+	if m.perIP == nil {
+		m.perIP = make(map[string]int64)
+	}
+	m.perIP[ip] = n + 1
+	return n + 1, true
+}
+
+// releaseIP counts one connection from ip closed.
+func (m *connMux) releaseIP(ip string) {
+	m.ipMu.Lock()
+	defer m.ipMu.Unlock()
+	if m.perIP[ip] <= 1 {
+		delete(m.perIP, ip)
+		return
+	}
+	m.perIP[ip]--
 }
 
 func (m *connMux) closed() bool {
@@ -139,8 +194,9 @@ var h2Preface = []byte("PRI")
 // The handshake and the read are bounded by apiHandshakeTimeout together.
 // The connection's slot (conns) is freed when it is closed, whoever closes
 // it.
-func (m *connMux) route(c net.Conn) {
+func (m *connMux) route(pc *prefixConn) {
 	defer m.wg.Done()
+	c := pc.Conn
 	_ = c.SetDeadline(time.Now().Add(apiHandshakeTimeout))
 	if m.tls != nil {
 		tc := tls.Server(c, m.tls)
@@ -150,12 +206,15 @@ func (m *connMux) route(c net.Conn) {
 				answerPlaintext(rh.Conn, rh.RecordHeader[:])
 			}
 			m.log.Debug("dlockd: TLS handshake failed", "remote", c.RemoteAddr(), "err", err)
-			_ = (&prefixConn{Conn: c, mux: m}).Close()
+			if m.handshakeFailed != nil && m.handshakeFailed(c.RemoteAddr(), err) == tlsFailClientCert {
+				lingerAfterAlert(c)
+			}
+			_ = pc.Close()
 			return
 		}
 		c = tc
+		pc.Conn = tc
 	}
-	pc := &prefixConn{Conn: c, mux: m}
 	buf := make([]byte, len(h2Preface))
 	n, err := io.ReadFull(c, buf)
 	_ = c.SetDeadline(time.Time{})
@@ -208,6 +267,7 @@ type prefixConn struct {
 	net.Conn
 	prefix []byte
 	mux    *connMux
+	ip     string // the source address's key in mux.perIP
 	closed atomic.Bool
 }
 
@@ -225,6 +285,22 @@ func (c *prefixConn) Close() error {
 	err := c.Conn.Close()
 	if c.closed.CompareAndSwap(false, true) {
 		c.mux.conns.Add(-1)
+		c.mux.releaseIP(c.ip)
 	}
 	return err
+}
+
+// lingerAfterAlert keeps c (whose handshake failed, the alert sent) open
+// for a moment: it shuts its write side and drains what the client sends,
+// until the client closes or a second passes. A TLS 1.3 client learns that
+// its certificate was refused only when it reads the alert, after its
+// handshake is done and it has written its first bytes: closing at once
+// would reset the connection under those bytes, and the client would see
+// "broken pipe" or "connection reset" instead of the reason.
+func lingerAfterAlert(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	_, _ = io.Copy(io.Discard, c)
 }

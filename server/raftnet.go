@@ -3,14 +3,12 @@ package server
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,9 +42,13 @@ var errStreamClosed = errors.New("dlockd: raft stream layer closed")
 type streamLayer struct {
 	ln        net.Listener
 	advertise net.Addr
-	tls       *tls.Config // nil: plain TCP
-	rewrite   map[string]string
-	onProbe   func(probeRequest) probeAnswer // answers probes (nil: none answered)
+	// tls is the mutual TLS configuration of accepts and dials (nil: plain
+	// TCP), swapped by setTLS when the files are reloaded (reloadTLS):
+	// each handshake takes the current one.
+	tls      atomic.Pointer[tls.Config]
+	reloadMu sync.Mutex // serializes reloads when the API has no TLS (tls.go)
+	rewrite  map[string]string
+	onProbe  func(probeRequest) probeAnswer // answers probes (nil: none answered)
 
 	open   atomic.Bool
 	conns  chan net.Conn
@@ -122,13 +124,16 @@ func (l *streamLayer) track(c net.Conn, accepted bool) (net.Conn, error) {
 // advertise when not empty, else the bound address (which must then be
 // dialable: not 0.0.0.0).
 // onProbe answers membership probes (see probeByte); open sets the gate.
+// A peer certificate, key or CA that cannot be read is an error matching
+// ErrConfig.
 func newStreamLayer(cfg Config, advertise string, open bool, onProbe func(probeRequest) probeAnswer) (*streamLayer, error) {
 	var tc *tls.Config
 	if cfg.PeerCertFile != "" {
-		var err error
-		if tc, err = peerTLSConfig(cfg.PeerCertFile, cfg.PeerKeyFile, cfg.PeerCAFile); err != nil {
+		m, err := readTLSMaterial(Config{PeerCertFile: cfg.PeerCertFile, PeerKeyFile: cfg.PeerKeyFile, PeerCAFile: cfg.PeerCAFile})
+		if err != nil {
 			return nil, err
 		}
+		tc = m.raft
 	}
 	ln, err := net.Listen("tcp", cfg.RaftBind)
 	if err != nil {
@@ -146,37 +151,27 @@ func newStreamLayer(cfg Config, advertise string, open bool, onProbe func(probeR
 		return nil, fmt.Errorf("raft address %s cannot be dialled by other nodes: set --raft-advertise", adv)
 	}
 	l := &streamLayer{
-		ln: ln, advertise: adv, tls: tc, rewrite: cfg.RaftDialRewrite, onProbe: onProbe,
+		ln: ln, advertise: adv, rewrite: cfg.RaftDialRewrite, onProbe: onProbe,
 		conns: make(chan net.Conn), closed: make(chan struct{}), pending: make(map[net.Conn]struct{}), live: make(map[*trackedConn]struct{}),
 	}
+	l.tls.Store(tc)
 	l.open.Store(open)
 	l.wg.Add(1)
 	go l.acceptLoop()
 	return l, nil
 }
 
-// peerTLSConfig loads the node's key pair and the CA pool and returns the
-// mutual TLS configuration of the Raft port (TLS 1.3 at least).
-func peerTLSConfig(certFile, keyFile, caFile string) (*tls.Config, error) {
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		return nil, fmt.Errorf("peer certificate: %w", err)
+// tlsConfig returns the current mutual TLS configuration (nil: plain
+// TCP).
+func (l *streamLayer) tlsConfig() *tls.Config { return l.tls.Load() }
+
+// setTLS makes c the configuration of the next handshakes, accepted and
+// dialled (reloadTLS); open connections keep theirs. A layer without
+// TLS stays without.
+func (l *streamLayer) setTLS(c *tls.Config) {
+	if c != nil && l.tls.Load() != nil {
+		l.tls.Store(c)
 	}
-	pem, err := os.ReadFile(caFile)
-	if err != nil {
-		return nil, fmt.Errorf("peer CA: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("peer CA %s: no PEM certificate in it", caFile)
-	}
-	return &tls.Config{
-		Certificates: []tls.Certificate{cert},
-		RootCAs:      pool,
-		ClientCAs:    pool,
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		MinVersion:   tls.VersionTLS13,
-	}, nil
 }
 
 // setOpen opens or shuts the gate (see streamLayer). Shutting it also
@@ -245,8 +240,8 @@ func (l *streamLayer) serveConn(c net.Conn) {
 	}
 	_ = c.SetDeadline(time.Now().Add(raftHandshakeTimeout))
 	conn := c
-	if l.tls != nil {
-		tc := tls.Server(c, l.tls)
+	if cfg := l.tls.Load(); cfg != nil {
+		tc := tls.Server(c, cfg)
 		if err := tc.Handshake(); err != nil {
 			done()
 			_ = c.Close()
@@ -386,7 +381,8 @@ func (l *streamLayer) dial(ctx context.Context, address string) (net.Conn, error
 	if err != nil {
 		return nil, err
 	}
-	if l.tls == nil {
+	cfg := l.tls.Load()
+	if cfg == nil {
 		return c, nil
 	}
 	host, _, err := net.SplitHostPort(address)
@@ -394,7 +390,7 @@ func (l *streamLayer) dial(ctx context.Context, address string) (net.Conn, error
 		_ = c.Close()
 		return nil, err
 	}
-	tc := l.tls.Clone()
+	tc := cfg.Clone()
 	tc.ServerName = host
 	conn := tls.Client(c, tc)
 	if err := conn.HandshakeContext(ctx); err != nil {

@@ -23,6 +23,7 @@ import (
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	raftwal "github.com/hashicorp/raft-wal"
 	"github.com/hashicorp/raft-wal/metadb"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/bbolt"
 	"google.golang.org/grpc"
 
@@ -67,6 +68,9 @@ type Server struct {
 	tls     *apiTLS // API TLS (tls.go); nil: plaintext
 	grpcSrv *grpc.Server
 	httpSrv *http.Server
+
+	// tlsFailures is dlockd_tls_handshake_failures_total (tls.go).
+	tlsFailures *prometheus.CounterVec
 
 	// Membership (cluster.go).
 	peers       peers         // gRPC clients of other members' APIs
@@ -123,6 +127,7 @@ func New(cfg Config) (*Server, error) {
 	s.metrics = newMetrics(s)
 	s.lockMetrics = newLockMetrics(s.metrics.reg)
 	s.initAudit() // audit metrics (audit.go)
+	s.initTLSMetrics()
 	s.clock.ended = func(d time.Duration) { s.lockMetrics.held(s.ready.Load(), d) }
 	s.lim = &limits{}
 	s.lim.bind(s)
@@ -156,12 +161,12 @@ func (s *Server) Start() (err error) {
 	// The auth file and the audit log (auth.go, audit.go): a bad file
 	// refuses to start.
 	if err := s.loadAuth(); err != nil {
-		return err
+		return configErr(err) // ErrConfig: cmd/dlockd exits 2
 	}
 	if err := s.startAudit(); err != nil {
-		return err
+		return configErr(err)
 	}
-	if s.tls, err = newAPITLS(s.cfg); err != nil { // API TLS (issue 12): read the files first
+	if s.tls, err = newAPITLS(s.cfg, s.log); err != nil { // API TLS (issue 12): read the files first (ErrConfig)
 		return err
 	}
 	s.peers.creds = s.memberGRPCCreds()
@@ -297,8 +302,9 @@ func (s *Server) Start() (err error) {
 	}
 	s.boundAPI.Store(s.ln.Addr().String())
 	s.mux = newConnMux(s.ln, s.lim, s.log, s.cfg.MaxConnections)
+	s.mux.maxPerIP = int64(s.cfg.MaxConnectionsPerIP)
 	if s.tls != nil {
-		s.mux.tls = s.tls.base
+		s.mux.tls, s.mux.handshakeFailed = s.tls.base, s.tlsHandshakeFailed
 	}
 	s.calls = newCallPool(8*runtime.GOMAXPROCS(0), s.stopCh)
 	s.grpcSrv = newGRPCServer(s)

@@ -23,50 +23,98 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
+	"net/http"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/peer"
+
+	dlockv1 "github.com/dlock-dev/dlock/proto/dlock/v1"
 )
 
 // apiHandshakeTimeout bounds the TLS handshake of one API connection (and
 // the read of its first bytes, as on a plaintext port).
 const apiHandshakeTimeout = 10 * time.Second
 
-// apiTLS is the TLS state of the API port: what it serves (swapped whole
-// by reloadTLS) and what members present and trust when they dial each
-// other's APIs.
-type apiTLS struct {
-	certFile, keyFile, clientCAFile string
+// The security model of the API port's certificates.
+//
+// Three CAs can be configured, and they must not be mixed up:
+//
+//   - --tls-cert/--tls-key: the API port's own certificate, verified by
+//     clients (and by other members against --tls-ca, default --peer-ca).
+//   - --peer-ca: the members' CA. A client certificate that verifies
+//     against it is a cluster member's (memberCert) when its CN or a DNS
+//     SAN is a node ID of the current Raft configuration: a member may
+//     do everything, and may name the identity a forwarded call acts for.
+//     A peer CA's certificate that names no member is not a member; it is
+//     accepted for one call only, a node's own AddVoter (join, or a
+//     registration) naming its CN as the node ID, because a joining node
+//     is not in the configuration yet. The peer CA is therefore the
+//     cluster's membership authority: a certificate it signs may join the
+//     cluster under its CN (as it may speak on the Raft port), so it must
+//     be issued to cluster nodes only.
+//   - --tls-client-ca: the CA of client (identity) certificates, mapped to
+//     identities by the auth file. Client and identity certificates must
+//     never be issued by the peer CA: a client holding one could join the
+//     cluster under its CN. dlockd warns at start when --tls-client-ca
+//     names a certificate of --peer-ca.
 
-	// srv is the configuration of the next handshake: the certificate,
-	// the client CA pool (client CAs and the peer CA) and the client
-	// authentication mode. Swapped by load.
-	srv atomic.Pointer[tls.Config]
-	// base is what the mux hands to tls.Server: it returns srv's current
-	// value for every handshake.
+// tlsMaterial is what the TLS files hold, read together and swapped whole
+// by a reload (reloadTLS): a failed read keeps the previous material.
+type tlsMaterial struct {
+	// srv is the API port's handshake configuration (nil without API
+	// TLS): the certificate, the client CA pool (client CA and peer CA)
+	// and ClientAuth. Client certificates are verified when given;
+	// requireClientCert says a call without one is refused (per call:
+	// requireClientCertUnary, requireClientCertHTTP), so the public
+	// routes stay reachable without one.
+	srv               *tls.Config
+	requireClientCert bool
+
+	// peerCert is this node's peer certificate (Config.PeerCertFile),
+	// presented on the Raft port and as client certificate on API dials
+	// to other members; peerCAs and peerRoots (DER of each) are
+	// Config.PeerCAFile's. All nil without peer TLS.
+	peerCert  *tls.Certificate
+	peerCAs   *x509.CertPool
+	peerRoots map[string]bool
+	// raft is the Raft port's mutual TLS configuration (nil without
+	// peer TLS).
+	raft *tls.Config
+
+	// memberRoots verify other members' API certificates (TLSCAFile,
+	// else PeerCAFile; nil: the system roots).
+	memberRoots *x509.CertPool
+
+	// clientCAIsPeerCA: a certificate of TLSClientCAFile is one of
+	// PeerCAFile (warned at start).
+	clientCAIsPeerCA bool
+}
+
+// apiTLS is the TLS state of the API port: the current material, the
+// configuration the mux hands to tls.Server (it takes the material's for
+// every handshake), and the AddVoter calls in flight (see memberCert).
+type apiTLS struct {
+	cur  atomic.Pointer[tlsMaterial]
 	base *tls.Config
 	// reloadMu serializes reloads.
 	reloadMu sync.Mutex
-
-	// peerCAs are the peer CA's certificates (Config.PeerCAFile), nil
-	// when peer TLS is off; peerRoots their DER, to tell a member's
-	// verified chain (see memberCert).
-	peerCAs   *x509.CertPool
-	peerCerts []*x509.Certificate
-	peerRoots map[string]bool
-
-	// memberRoots verify other members' API certificates (TLSCAFile, else
-	// PeerCAFile; nil: the system roots); memberCert is this node's peer
-	// certificate, presented as client certificate on those dials (nil
-	// without peer TLS).
-	memberRoots *x509.CertPool
-	memberCert  *tls.Certificate
+	// joins maps the TLS state of an AddVoter call in flight (a copy
+	// made for the call, see requireClientCertUnary) to the node ID the
+	// request names.
+	joins sync.Map // *tls.ConnectionState -> string
 }
 
 // validateTLS checks the API TLS settings and the rule of a non-loopback
@@ -94,71 +142,68 @@ func (c Config) validateTLS() []error {
 	return errs
 }
 
-// newAPITLS reads the TLS files of cfg: the API certificate and key, the
-// client CA, the members' CA and this node's peer certificate. It returns
-// nil (and no error) when the API has no TLS; an error names the file it
-// could not read or parse.
-func newAPITLS(cfg Config) (*apiTLS, error) {
-	if cfg.TLSCertFile == "" {
-		return nil, nil
-	}
-	a := &apiTLS{certFile: cfg.TLSCertFile, keyFile: cfg.TLSKeyFile, clientCAFile: cfg.TLSClientCAFile}
-	if cfg.PeerCAFile != "" {
-		certs, err := readCerts("peer CA (--peer-ca)", cfg.PeerCAFile)
+// readTLSMaterial reads every TLS file of cfg: the API certificate, key
+// and client CA (when API TLS is on), the peer certificate, key and CA
+// (when peer TLS is on) and the members' API CA. The error names the file
+// it could not read or parse, and matches ErrConfig.
+func readTLSMaterial(cfg Config) (*tlsMaterial, error) {
+	m, err := readTLSFiles(cfg)
+	return m, configErr(err)
+}
+
+func readTLSFiles(cfg Config) (*tlsMaterial, error) {
+	m := &tlsMaterial{}
+	var peerCerts []*x509.Certificate
+	if cfg.PeerCertFile != "" {
+		pair, err := tls.LoadX509KeyPair(cfg.PeerCertFile, cfg.PeerKeyFile)
 		if err != nil {
+			return nil, fmt.Errorf("dlockd: peer certificate %s / key %s (--peer-cert, --peer-key): %w", cfg.PeerCertFile, cfg.PeerKeyFile, err)
+		}
+		m.peerCert = &pair
+	}
+	if cfg.PeerCAFile != "" {
+		var err error
+		if peerCerts, err = readCerts("peer CA (--peer-ca)", cfg.PeerCAFile); err != nil {
 			return nil, err
 		}
-		a.peerCAs, a.peerCerts = x509.NewCertPool(), certs
-		a.peerRoots = make(map[string]bool, len(certs))
-		for _, c := range certs {
-			a.peerCAs.AddCert(c)
-			a.peerRoots[string(c.Raw)] = true
+		m.peerCAs = x509.NewCertPool()
+		m.peerRoots = make(map[string]bool, len(peerCerts))
+		for _, c := range peerCerts {
+			m.peerCAs.AddCert(c)
+			m.peerRoots[string(c.Raw)] = true
 		}
-		a.memberRoots = a.peerCAs
+		m.memberRoots = m.peerCAs
+	}
+	if m.peerCert != nil && m.peerCAs != nil {
+		m.raft = &tls.Config{
+			Certificates: []tls.Certificate{*m.peerCert},
+			RootCAs:      m.peerCAs,
+			ClientCAs:    m.peerCAs,
+			ClientAuth:   tls.RequireAndVerifyClientCert,
+			MinVersion:   tls.VersionTLS13,
+		}
+	}
+	if cfg.TLSCertFile == "" {
+		return m, nil
 	}
 	if cfg.TLSCAFile != "" {
 		certs, err := readCerts("members' API CA (--tls-ca)", cfg.TLSCAFile)
 		if err != nil {
 			return nil, err
 		}
-		a.memberRoots = x509.NewCertPool()
+		m.memberRoots = x509.NewCertPool()
 		for _, c := range certs {
-			a.memberRoots.AddCert(c)
+			m.memberRoots.AddCert(c)
 		}
 	}
-	if cfg.PeerCertFile != "" {
-		pair, err := tls.LoadX509KeyPair(cfg.PeerCertFile, cfg.PeerKeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("dlockd: peer certificate %s / key %s (--peer-cert, --peer-key): %w", cfg.PeerCertFile, cfg.PeerKeyFile, err)
-		}
-		a.memberCert = &pair
-	}
-	if err := a.load(); err != nil {
+	if _, err := readCerts("API certificate (--tls-cert)", cfg.TLSCertFile); err != nil {
 		return nil, err
 	}
-	a.base = &tls.Config{
-		MinVersion: tls.VersionTLS12,
-		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
-			return a.srv.Load(), nil
-		},
-	}
-	return a, nil
-}
-
-// load reads the API certificate, key and client CA and makes them the
-// configuration of the next handshakes. On error the current
-// configuration stays.
-func (a *apiTLS) load() error {
-	a.reloadMu.Lock()
-	defer a.reloadMu.Unlock()
-	if _, err := readCerts("API certificate (--tls-cert)", a.certFile); err != nil {
-		return err
-	}
-	pair, err := tls.LoadX509KeyPair(a.certFile, a.keyFile)
+	pair, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
 	if err != nil {
-		return fmt.Errorf("dlockd: API key %s does not go with certificate %s (--tls-key, --tls-cert), or does not parse: %w", a.keyFile, a.certFile, err)
+		return nil, fmt.Errorf("dlockd: API key %s does not go with certificate %s (--tls-key, --tls-cert), or does not parse: %w", cfg.TLSKeyFile, cfg.TLSCertFile, err)
 	}
-	cfg := &tls.Config{
+	m.srv = &tls.Config{
 		MinVersion:   tls.VersionTLS12,
 		Certificates: []tls.Certificate{pair},
 		// The server picks by its own order: http/1.1 for a client that
@@ -167,30 +212,63 @@ func (a *apiTLS) load() error {
 		NextProtos: []string{"http/1.1", "h2"},
 	}
 	switch {
-	case a.clientCAFile != "":
-		certs, err := readCerts("client CA (--tls-client-ca)", a.clientCAFile)
+	case cfg.TLSClientCAFile != "":
+		certs, err := readCerts("client CA (--tls-client-ca)", cfg.TLSClientCAFile)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		pool := x509.NewCertPool()
 		for _, c := range certs {
 			pool.AddCert(c)
+			if m.peerRoots[string(c.Raw)] {
+				m.clientCAIsPeerCA = true
+			}
 		}
-		for _, c := range a.peerCerts {
+		for _, c := range peerCerts {
 			pool.AddCert(c)
 		}
-		cfg.ClientCAs = pool
-		cfg.ClientAuth = tls.RequireAndVerifyClientCert
-	case a.peerCAs != nil:
+		// Verified when given; required per call, not in the handshake,
+		// so that /healthz, /readyz, /metrics and the dashboard's static
+		// files answer a client without one (health checks, Prometheus).
+		m.srv.ClientCAs = pool
+		m.srv.ClientAuth = tls.VerifyClientCertIfGiven
+		m.requireClientCert = true
+	case m.peerCAs != nil:
 		// Members present their peer certificate; anyone else may
 		// present none.
-		cfg.ClientCAs = a.peerCAs
-		cfg.ClientAuth = tls.VerifyClientCertIfGiven
+		m.srv.ClientCAs = m.peerCAs
+		m.srv.ClientAuth = tls.VerifyClientCertIfGiven
 	default:
-		cfg.ClientAuth = tls.NoClientCert
+		m.srv.ClientAuth = tls.NoClientCert
 	}
-	a.srv.Store(cfg)
-	return nil
+	return m, nil
+}
+
+// newAPITLS reads the TLS files of cfg (readTLSMaterial) and returns the
+// API port's TLS state, or nil (and no error) when the API has no TLS. It
+// logs a warning on log when the client CA is (or contains) the peer CA.
+// An error names the file and matches ErrConfig.
+func newAPITLS(cfg Config, log *slog.Logger) (*apiTLS, error) {
+	if cfg.TLSCertFile == "" {
+		return nil, nil
+	}
+	m, err := readTLSMaterial(cfg)
+	if err != nil {
+		return nil, err
+	}
+	a := &apiTLS{}
+	a.cur.Store(m)
+	a.base = &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			return a.cur.Load().srv, nil
+		},
+	}
+	if m.clientCAIsPeerCA && log != nil {
+		log.Warn("dlockd: --tls-client-ca names a certificate of --peer-ca: client certificates are then issued by the members' CA, and one whose CN is a node ID is a cluster member (every permission, and may act for any identity), one whose CN is not may join the cluster under it; issue client and identity certificates from another CA",
+			"tls_client_ca", cfg.TLSClientCAFile, "peer_ca", cfg.PeerCAFile)
+	}
+	return a, nil
 }
 
 // readCerts reads the PEM certificates of file; what names the file's
@@ -222,7 +300,8 @@ func readCerts(what, file string) ([]*x509.Certificate, error) {
 	return out, nil
 }
 
-// tlsStateKey is the context key of an HTTP connection's TLS state.
+// tlsStateKey is the context key of an HTTP connection's TLS state (and
+// of an AddVoter call's copy of it, see requireClientCertUnary).
 type tlsStateKey struct{}
 
 // tlsStateFromContext returns the caller's TLS state (its verified chains
@@ -264,22 +343,54 @@ func tlsConnOf(c net.Conn) *tls.Conn {
 	return nil
 }
 
-// memberCert reports whether st carries a client certificate that
-// verified against the peer CA (Config.PeerCAFile): the caller is a
-// cluster member. nodeID is the certificate's subject CN ("" if none). It
-// is false for nil st, a plaintext port, and a certificate that verified
-// against the client CA (--tls-client-ca) only. A peer CA that is also the
-// client CA makes every client with a certificate a member.
+// memberCert reports whether st carries the client certificate of a
+// cluster member: one whose verified chain ends at a certificate of the
+// peer CA (Config.PeerCAFile, as last read) AND whose subject CN or a DNS
+// SAN is a node ID of the current Raft configuration. nodeID is that ID.
+// During an AddVoter call whose request names node ID X (a node joining,
+// or registering: it is not in the configuration yet, see
+// requireClientCertUnary), a peer CA certificate with CN X counts as
+// member X for that call only. It is false for nil st, a plaintext port, a
+// certificate that verified against the client CA (--tls-client-ca) only,
+// and a peer CA certificate that names no member (see "The security
+// model" above).
 func (s *Server) memberCert(st *tls.ConnectionState) (nodeID string, ok bool) {
-	if st == nil || s.tls == nil || len(s.tls.peerRoots) == 0 {
+	if st == nil || s.tls == nil {
+		return "", false
+	}
+	m := s.tls.cur.Load()
+	if len(m.peerRoots) == 0 {
 		return "", false
 	}
 	for _, chain := range st.VerifiedChains {
-		if len(chain) == 0 {
+		if len(chain) == 0 || !m.peerRoots[string(chain[len(chain)-1].Raw)] {
 			continue
 		}
-		if s.tls.peerRoots[string(chain[len(chain)-1].Raw)] {
-			return chain[0].Subject.CommonName, true
+		leaf := chain[0]
+		if id, ok := s.configMember(leaf); ok {
+			return id, true
+		}
+		if id, ok := s.tls.joins.Load(st); ok && leaf.Subject.CommonName != "" && id.(string) == leaf.Subject.CommonName {
+			return leaf.Subject.CommonName, true
+		}
+	}
+	return "", false
+}
+
+// configMember returns the node ID of the current Raft configuration that
+// leaf names as subject CN or DNS SAN, if any.
+func (s *Server) configMember(leaf *x509.Certificate) (string, bool) {
+	if !s.raftUp.Load() {
+		return "", false
+	}
+	conf, err := s.raftConfiguration()
+	if err != nil {
+		return "", false
+	}
+	for _, srv := range conf.Servers {
+		id := string(srv.ID)
+		if id != "" && (leaf.Subject.CommonName == id || slices.Contains(leaf.DNSNames, id)) {
+			return id, true
 		}
 	}
 	return "", false
@@ -289,33 +400,87 @@ func (s *Server) memberCert(st *tls.ConnectionState) (nodeID string, ok bool) {
 // members' APIs with, or nil when the API has no TLS: their certificate
 // must verify against Config.TLSCAFile (default PeerCAFile; neither: the
 // system roots) for serverName, and this node presents its peer
-// certificate as client certificate. serverName "" leaves it to the
-// caller (grpc-go and net/http take the dialled address's host).
+// certificate as client certificate. Both come from the files as last
+// (re)loaded: call it for each new connection (memberGRPCCreds and
+// memberDialTLS do). serverName "" leaves it to the caller (grpc-go and
+// net/http take the dialled address's host).
 func (s *Server) memberTLSConfig(serverName string) *tls.Config {
 	if s.tls == nil {
 		return nil
 	}
+	m := s.tls.cur.Load()
 	cfg := &tls.Config{
 		MinVersion: tls.VersionTLS12,
-		RootCAs:    s.tls.memberRoots,
+		RootCAs:    m.memberRoots,
 		ServerName: serverName,
 	}
-	if s.tls.memberCert != nil {
-		cfg.Certificates = []tls.Certificate{*s.tls.memberCert}
+	if m.peerCert != nil {
+		cfg.Certificates = []tls.Certificate{*m.peerCert}
 	}
 	return cfg
 }
 
 // memberGRPCCreds returns the gRPC transport credentials this node dials
-// other members' APIs with: TLS as memberTLSConfig says, the server name
-// being the dial's authority (a dial through Config.RaftDialRewrite sets
-// grpc.WithAuthority to the member's real address), or insecure
-// credentials when the API has no TLS.
+// other members' APIs with: TLS as memberTLSConfig says, built afresh for
+// every handshake (so a reload's certificate and CA apply to the next
+// connection of a long-lived client), the server name being the dial's
+// authority (a dial through Config.RaftDialRewrite sets grpc.WithAuthority
+// to the member's real address); insecure credentials when the API has no
+// TLS.
 func (s *Server) memberGRPCCreds() credentials.TransportCredentials {
-	if cfg := s.memberTLSConfig(""); cfg != nil {
-		return credentials.NewTLS(cfg)
+	if s.tls == nil {
+		return insecure.NewCredentials()
 	}
-	return insecure.NewCredentials()
+	return memberCreds{s: s}
+}
+
+// memberCreds are memberGRPCCreds with API TLS: grpc-go's TLS credentials
+// over the current memberTLSConfig, made for each handshake. Full
+// verification (chain and server name) is crypto/tls's own.
+type memberCreds struct{ s *Server }
+
+func (c memberCreds) ClientHandshake(ctx context.Context, authority string, conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	return credentials.NewTLS(c.s.memberTLSConfig("")).ClientHandshake(ctx, authority, conn)
+}
+
+func (memberCreds) ServerHandshake(net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	return nil, nil, errors.New("dlockd: the members' client credentials cannot serve")
+}
+
+func (memberCreds) Info() credentials.ProtocolInfo {
+	return credentials.ProtocolInfo{SecurityProtocol: "tls", SecurityVersion: "1.2"}
+}
+
+func (c memberCreds) Clone() credentials.TransportCredentials { return c }
+
+// OverrideServerName is deprecated in grpc-go; the authority names the
+// server.
+func (memberCreds) OverrideServerName(string) error { return nil }
+
+// memberDialTLS returns the DialTLSContext of an http.Transport to other
+// members' APIs (nil without API TLS): dial (the transport's TCP dial,
+// rewrite included), then the TLS handshake with memberTLSConfig for
+// addr's host, read afresh for each connection.
+func (s *Server) memberDialTLS(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	if s.tls == nil {
+		return nil
+	}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, err
+		}
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		tc := tls.Client(c, s.memberTLSConfig(host))
+		if err := tc.HandshakeContext(ctx); err != nil {
+			_ = c.Close()
+			return nil, err
+		}
+		return tc, nil
+	}
 }
 
 // apiScheme is the scheme of this node's API URLs, and other members':
@@ -327,16 +492,166 @@ func (s *Server) apiScheme() string {
 	return "http"
 }
 
-// reloadTLS re-reads the API certificate, key and client CA; the next
-// handshakes use them (open connections keep theirs). On error (a file
-// missing or not parsing, a key that does not go with the certificate)
-// the current ones stay and the error names the file. Without API TLS it
-// does nothing.
+// reloadTLS re-reads every TLS file: the API certificate, key and client
+// CA, the peer certificate, key and CA, and the members' API CA (--tls-ca).
+// The next handshakes use them, on the API port and the Raft port, and
+// for this node's own dials to other members (Raft, forwarded calls,
+// joins, status probes); open connections keep theirs. On error (a file
+// missing or not parsing, a key that does not go with its certificate)
+// everything stays as it was and the error names the file. Without TLS
+// it does nothing.
 func (s *Server) reloadTLS() error {
-	if s.tls == nil {
+	if s.tls == nil && (s.stream == nil || s.stream.tlsConfig() == nil) {
 		return nil
 	}
-	return s.tls.load()
+	var mu *sync.Mutex
+	if s.tls != nil {
+		mu = &s.tls.reloadMu
+	} else {
+		mu = &s.stream.reloadMu
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	m, err := readTLSMaterial(s.cfg)
+	if err != nil {
+		s.log.Error("dlockd: TLS files not reloaded; the certificates in force stay", "err", err)
+		return err
+	}
+	if s.tls != nil {
+		s.tls.cur.Store(m)
+	}
+	if s.stream != nil && m.raft != nil {
+		s.stream.setTLS(m.raft)
+	}
+	s.log.Info("dlockd: TLS files reloaded")
+	return nil
+}
+
+// Client certificates per call (--tls-client-ca).
+
+// errClientCertRequired is the answer to a call without a verified client
+// certificate when Config.TLSClientCAFile is set.
+func errClientCertRequired() *apiError {
+	return &apiError{code: codes.Unauthenticated, reason: ReasonUnauthenticated,
+		msg: "a client certificate is required (--tls-client-ca): present one issued by the server's client CA (a dlockd URL's cert=FILE and key=FILE)"}
+}
+
+// clientCertMissing reports whether the caller of ctx must be refused for
+// want of a verified client certificate.
+func (s *Server) clientCertMissing(ctx context.Context) bool {
+	if s.tls == nil || !s.tls.cur.Load().requireClientCert {
+		return false
+	}
+	st := tlsStateFromContext(ctx)
+	return st == nil || len(st.VerifiedChains) == 0
+}
+
+// requireClientCertUnary is the gRPC unary interceptor of the API's TLS
+// (before authentication): with Config.TLSClientCAFile, a call without a
+// verified client certificate is refused, UNAUTHENTICATED. It also marks
+// an AddVoter call for memberCert: the call's TLS state is copied, and
+// the copy is registered with the node ID the request names for the
+// call's duration, so that a node not yet in the configuration can join
+// (or learn that it was removed) with its peer certificate.
+func (s *Server) requireClientCertUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if s.tls == nil {
+		return h(ctx, req)
+	}
+	if s.clientCertMissing(ctx) {
+		err := errClientCertRequired()
+		s.audit(ctx, "deny", "", err.msg, err)
+		return nil, err
+	}
+	if r, ok := req.(*dlockv1.AddVoterRequest); ok && info.FullMethod == dlockv1.Cluster_AddVoter_FullMethodName && r.GetId() != "" {
+		if st := tlsStateFromContext(ctx); st != nil && len(st.VerifiedChains) > 0 {
+			cp := *st
+			s.tls.joins.Store(&cp, r.GetId())
+			defer s.tls.joins.Delete(&cp)
+			ctx = context.WithValue(ctx, tlsStateKey{}, &cp)
+		}
+	}
+	return h(ctx, req)
+}
+
+// requireClientCertStream is requireClientCertUnary for streams.
+func (s *Server) requireClientCertStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	if s.clientCertMissing(ss.Context()) {
+		err := errClientCertRequired()
+		s.audit(ss.Context(), "deny", "", err.msg, err)
+		return err
+	}
+	return h(srv, ss)
+}
+
+// requireClientCertHTTP is the HTTP middleware of the API's TLS (before
+// authentication): with Config.TLSClientCAFile, every route but the public
+// ones (/healthz, /readyz, /metrics, the dashboard's static files:
+// publicPath) answers 401 without a verified client certificate.
+func (s *Server) requireClientCertHTTP(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !publicPath(r.URL.Path) && s.clientCertMissing(r.Context()) {
+			err := errClientCertRequired()
+			s.audit(withOperation(withRemote(r.Context(), r.RemoteAddr), r.Method+" "+r.URL.Path), "deny", "", err.msg, err)
+			_ = writeReply(w, nil, err)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// Handshake failures on the API port.
+
+// Values of the reason label of dlockd_tls_handshake_failures_total.
+const (
+	tlsFailClientCert = "client_cert" // the client's certificate was refused: expired, unknown CA, ...
+	tlsFailProtocol   = "protocol"    // not TLS (plaintext), or no common version, cipher or ALPN; or the client refused the server's certificate
+	tlsFailTimeout    = "timeout"     // no handshake within apiHandshakeTimeout
+	tlsFailOther      = "other"       // the client closed or reset the connection, ...
+)
+
+// initTLSMetrics registers dlockd_tls_handshake_failures_total{reason}
+// (every reason at 0). New calls it.
+func (s *Server) initTLSMetrics() {
+	s.tlsFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "dlockd_tls_handshake_failures_total",
+		Help: "TLS handshakes that failed on the API port, by reason: client_cert (the client's certificate was refused), protocol (not TLS, no common version, cipher or protocol, or the client refused the server's certificate), timeout, other.",
+	}, []string{"reason"})
+	for _, r := range []string{tlsFailClientCert, tlsFailProtocol, tlsFailTimeout, tlsFailOther} {
+		s.tlsFailures.WithLabelValues(r)
+	}
+	s.metrics.reg.MustRegister(s.tlsFailures)
+}
+
+// tlsFailReason classifies a server handshake error.
+func tlsFailReason(err error) string {
+	var rh tls.RecordHeaderError
+	var cv *tls.CertificateVerificationError
+	var ne net.Error
+	msg := err.Error()
+	switch {
+	case errors.As(err, &cv), strings.Contains(msg, "client didn't provide a certificate"):
+		return tlsFailClientCert
+	case errors.As(err, &ne) && ne.Timeout():
+		return tlsFailTimeout
+	case errors.As(err, &rh), strings.Contains(msg, "remote error: tls:"),
+		strings.HasPrefix(msg, "tls: ") && !strings.Contains(msg, "tls: failed to") && !errors.Is(err, io.EOF):
+		return tlsFailProtocol
+	}
+	return tlsFailOther
+}
+
+// tlsHandshakeFailed counts and logs (at info, at most one line per
+// logEvery, see limits.go) a failed handshake on the API port. It returns
+// the failure's reason.
+func (s *Server) tlsHandshakeFailed(remote net.Addr, err error) string {
+	reason := tlsFailReason(err)
+	if s.tlsFailures != nil {
+		s.tlsFailures.WithLabelValues(reason).Inc()
+	}
+	if suppressed, ok := s.lim.logTurn("tls_handshake"); ok {
+		s.log.Info("dlockd: TLS handshake failed", "remote", remote.String(), "reason", reason, "err", err, "suppressed", suppressed)
+	}
+	return reason
 }
 
 // apiCreds are the gRPC server's transport credentials: the mux has done

@@ -158,49 +158,94 @@ func TestTLS_PlaintextClientsRefused(t *testing.T) {
 	t.Logf("plaintext gRPC: %v", err)
 }
 
-// TestTLS_ClientCertificates: with --tls-client-ca, HTTPS and gRPC
-// clients without a certificate, with one of another CA, or with an
-// expired one fail the handshake; one of the client CA is served.
+// TestTLS_ClientCertificates: with --tls-client-ca, an expired client
+// certificate fails the handshake (HTTPS and gRPC); a client without one,
+// or with one of another CA (which a Go client does not send), reaches
+// the public routes (/healthz, /readyz, /metrics, /ui/) but every other
+// HTTPS route answers 401 and every gRPC call UNAUTHENTICATED, "a client
+// certificate is required", with or without an auth file; one of the
+// client CA is served.
 func TestTLS_ClientCertificates(t *testing.T) {
-	clients := servertest.NewCA(t, "clients CA")
-	srv, ca, _ := startTLS(t, func(c *server.Config) { c.TLSClientCAFile = clients.CertFile })
-	other := servertest.NewCA(t, "other CA")
-	expired := clients.IssueWith(t, "app", servertest.LeafOptions{NotBefore: time.Now().Add(-2 * time.Hour), NotAfter: time.Now().Add(-time.Minute)})
-	for name, leaves := range map[string][]*servertest.Leaf{
-		"no certificate": nil,
-		"another CA":     {other.Issue(t, "app")},
-		"expired":        {expired},
-	} {
-		t.Run(name, func(t *testing.T) {
-			if resp, err := httpsClient(t, ca, leaves...).Get("https://" + srv.Addr() + "/healthz"); err == nil {
-				_ = resp.Body.Close()
-				t.Fatalf("HTTPS: %s, want a refused handshake", resp.Status)
+	for _, withAuth := range []bool{false, true} {
+		t.Run(map[bool]string{false: "no auth file", true: "auth file"}[withAuth], func(t *testing.T) {
+			clients := servertest.NewCA(t, "clients CA")
+			srv, ca, _ := startTLS(t, func(c *server.Config) {
+				c.TLSClientCAFile = clients.CertFile
+				if withAuth {
+					dir := t.TempDir()
+					c.AuthFile = servertest.WriteAuthFile(t, dir, []servertest.Identity{{Name: "app", Token: "-", CertCN: []string{"app"}, Rules: map[string][]string{"": {"lock", "read"}}}})
+				}
+			})
+			other := servertest.NewCA(t, "other CA")
+			expired := clients.IssueWith(t, "app", servertest.LeafOptions{NotBefore: time.Now().Add(-2 * time.Hour), NotAfter: time.Now().Add(-time.Minute)})
+			grpcInspect := func(t *testing.T, leaves ...*servertest.Leaf) error {
+				t.Helper()
+				cc, err := grpc.NewClient("passthrough:///"+srv.Addr(), grpc.WithTransportCredentials(credentials.NewTLS(ca.ClientTLS(leaves...))))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer cc.Close()
+				ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+				defer cancel()
+				_, err = dlockv1.NewLockClient(cc).Inspect(ctx, &dlockv1.InspectRequest{Key: "k"})
+				return err
 			}
-			cc, err := grpc.NewClient("passthrough:///"+srv.Addr(), grpc.WithTransportCredentials(credentials.NewTLS(ca.ClientTLS(leaves...))))
-			if err != nil {
-				t.Fatal(err)
+			t.Run("expired", func(t *testing.T) {
+				if resp, err := httpsClient(t, ca, expired).Get("https://" + srv.Addr() + "/healthz"); err == nil {
+					_ = resp.Body.Close()
+					t.Fatalf("HTTPS: %s, want a refused handshake", resp.Status)
+				}
+				if err := grpcInspect(t, expired); err == nil || status.Code(err) == codes.OK {
+					t.Fatal("gRPC served with an expired client certificate")
+				}
+			})
+			for name, leaves := range map[string][]*servertest.Leaf{
+				"no certificate": nil,
+				"another CA":     {other.Issue(t, "app")},
+			} {
+				t.Run(name, func(t *testing.T) {
+					hc := httpsClient(t, ca, leaves...)
+					for _, path := range []string{"/healthz", "/readyz", "/metrics", "/ui/"} {
+						resp, err := hc.Get("https://" + srv.Addr() + path)
+						if err != nil {
+							t.Fatalf("HTTPS GET %s: %v, want it served without a client certificate", path, err)
+						}
+						_ = resp.Body.Close()
+						if resp.StatusCode != 200 {
+							t.Fatalf("HTTPS GET %s: %s, want 200 (a public route)", path, resp.Status)
+						}
+					}
+					for _, path := range []string{"/v1/inspect?key=k", "/v1/list", "/v1/cluster/status", "/ui/api/keys"} {
+						resp, err := hc.Get("https://" + srv.Addr() + path)
+						if err != nil {
+							t.Fatalf("HTTPS GET %s: %v", path, err)
+						}
+						b, _ := io.ReadAll(resp.Body)
+						_ = resp.Body.Close()
+						if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(string(b), "client certificate is required") {
+							t.Fatalf("HTTPS GET %s: %s %s, want 401 saying a client certificate is required", path, resp.Status, b)
+						}
+					}
+					code, m := postJSON(t, hc, "https://"+srv.Addr()+"/v1/acquire", `{"key":"k","owner":"owner-http-0123456789","ttl":"30s"}`)
+					if code != http.StatusUnauthorized {
+						t.Fatalf("HTTPS POST /v1/acquire: %d %v, want 401", code, m)
+					}
+					err := grpcInspect(t, leaves...)
+					if status.Code(err) != codes.Unauthenticated || !strings.Contains(status.Convert(err).Message(), "client certificate is required") {
+						t.Fatalf("gRPC Inspect: %v, want UNAUTHENTICATED saying a client certificate is required", err)
+					}
+				})
 			}
-			defer cc.Close()
-			ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
-			defer cancel()
-			if _, err := dlockv1.NewLockClient(cc).Inspect(ctx, &dlockv1.InspectRequest{Key: "k"}); err == nil {
-				t.Fatal("gRPC served without a valid client certificate")
+			good := clients.Issue(t, "app")
+			resp, err := httpsClient(t, ca, good).Get("https://" + srv.Addr() + "/v1/inspect?key=k")
+			if err != nil || resp.StatusCode != 200 {
+				t.Fatalf("HTTPS with a valid client certificate: %v %v", resp, err)
+			}
+			_ = resp.Body.Close()
+			if err := grpcInspect(t, good); err != nil {
+				t.Fatalf("gRPC with a valid client certificate: %v", err)
 			}
 		})
-	}
-	good := clients.Issue(t, "app")
-	resp, err := httpsClient(t, ca, good).Get("https://" + srv.Addr() + "/healthz")
-	if err != nil || resp.StatusCode != 200 {
-		t.Fatalf("HTTPS with a valid client certificate: %v %v", resp, err)
-	}
-	_ = resp.Body.Close()
-	cc, err := grpc.NewClient("passthrough:///"+srv.Addr(), grpc.WithTransportCredentials(credentials.NewTLS(ca.ClientTLS(good))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	if _, err := dlockv1.NewLockClient(cc).Inspect(t.Context(), &dlockv1.InspectRequest{Key: "k"}); err != nil {
-		t.Fatalf("gRPC with a valid client certificate: %v", err)
 	}
 }
 

@@ -39,11 +39,13 @@ package server
 //
 // # Authorisation
 //
-// The JSON needs read permission (auth.go). locks filters its keys one by
-// one with s.allowed unless the caller may read the whole prefix, so that a
-// token that may read "a:" sees the a: keys of any prefix and never an
-// error for the others; a caller with no (or an unknown) token gets 401,
-// and the page asks for a token. queue needs read on its key (authorize,
+// The JSON needs read permission (auth.go). locks scans only the key
+// ranges under the prefix that the caller may read (readRanges), so that
+// a token that may read "a:" sees the a: keys of any prefix and never an
+// error for the others, and its page tokens never name a key it may not
+// read (an identity that may read nothing there gets an empty page, and
+// the whole table's totals only with read on ""); a caller with no (or an
+// unknown) token gets 401, and the page asks for a token. queue needs read on its key (authorize,
 // audited on denial). stats needs an authenticated caller: it holds the
 // numbers /metrics publishes. cluster too, and read on "" for the members'
 // addresses (as /v1/cluster/status). Holder texts and keys are user data:
@@ -73,10 +75,6 @@ const (
 	uiMaxLimit     = 500  // most keys per page
 	uiQueueHead    = 5    // queue entries shown with each key of a page
 	uiMaxQueue     = 1000 // most entries of one /ui/api/queue answer
-	// uiMaxScanPages bounds how many pages of the index one filtered list
-	// reads looking for keys the caller may read: a page with few
-	// readable keys ends early with a next_page_token.
-	uiMaxScanPages = 20
 )
 
 // uiCSP is the Content-Security-Policy of the dashboard's files: this
@@ -182,9 +180,11 @@ type uiLocks struct {
 	// Filtered: the caller may not read every key under the prefix; keys
 	// it may not read are left out.
 	Filtered bool `json:"filtered"`
-	// HeldTotal and WaitingTotal count the whole table (every prefix).
-	HeldTotal    int `json:"held_total"`
-	WaitingTotal int `json:"waiting_total"`
+	// HeldTotal and WaitingTotal count the whole table (every prefix);
+	// only for a caller that may read every key (read on ""), absent
+	// otherwise.
+	HeldTotal    *int `json:"held_total,omitempty"`
+	WaitingTotal *int `json:"waiting_total,omitempty"`
 }
 
 func (u *uiAPI) locks(w http.ResponseWriter, r *http.Request) {
@@ -217,24 +217,19 @@ func (u *uiAPI) locks(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := uiLocks{NodeID: s.cfg.NodeID, Prefix: prefix, Keys: []uiHolder{}, Filtered: filter}
-	out.HeldTotal, out.WaitingTotal = s.fsm.counts()
-	last, more := after, false
-	for range uiMaxScanPages {
-		vs, m := s.fsm.list(prefix, last, limit-len(out.Keys))
-		more = m
-		for _, v := range vs {
-			last = v.key
-			if filter && !s.allowed(ctx, PermRead, v.key) {
-				continue
-			}
-			out.Keys = append(out.Keys, u.holder(v))
-		}
-		if !filter || !more || len(out.Keys) >= limit {
-			break
-		}
+	if s.allowed(ctx, PermRead, "") {
+		held, waiting := s.fsm.counts()
+		out.HeldTotal, out.WaitingTotal = &held, &waiting
 	}
-	if more && last != "" {
-		out.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(last))
+	// Only the ranges the caller may read are scanned (none for an
+	// identity that may read nothing under the prefix: an empty page), so
+	// the page and its token name readable keys alone.
+	vs, more := s.fsm.listIn(s.readRanges(ctx, prefix), after, limit)
+	for _, v := range vs {
+		out.Keys = append(out.Keys, u.holder(v))
+	}
+	if more && len(vs) > 0 {
+		out.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(vs[len(vs)-1].key))
 	}
 	uiJSON(w, out)
 }

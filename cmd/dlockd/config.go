@@ -31,16 +31,19 @@ const maxConfigBytes = 1 << 20
 // already set on the command line (they win). The file is one mapping
 // whose keys are long flag names without the dashes ("listen",
 // "tls-cert", "initial-cluster"); a value is a scalar (as on the command
-// line: "30s", 100, true), a list (its items joined with commas:
-// initial-cluster as a list of "id=host:port") or a mapping (its entries
-// joined as k=v with commas: initial-cluster as {n1: host:port, ...}). An
+// line: "30s", 100, true), or, for a flag that takes a list, a list (its
+// items joined with commas: initial-cluster as a list of "id=host:port")
+// or a mapping (its entries joined as k=v with commas: initial-cluster as
+// {n1: host:port, ...}); a list for any other flag is an error naming the
+// key (listen: [a, b] would otherwise read as "a,b"). An
 // empty file sets nothing. A relative path in a value is relative to
 // dlockd's working directory, as on the command line.
 //
 // The error is one line naming the file (and line), the key and the
 // problem: the file cannot be read or is not YAML, its top level is not a
-// mapping, a key is not a dlockd flag or is given twice, a value is empty
-// or nested too deep, or the flag refuses the value.
+// mapping, a key is not a dlockd flag or is given twice, a value is empty,
+// nested too deep or a list for a one-value flag, or the flag refuses the
+// value (a boolean: "want true or false").
 func applyConfigFile(fs *pflag.FlagSet, path string) error {
 	data, err := readConfigFile(path)
 	if err != nil {
@@ -76,6 +79,9 @@ func applyConfigFile(fs *pflag.FlagSet, path string) error {
 		if f == nil {
 			return fmt.Errorf("%s: unknown key %q%s (keys are dlockd's long flag names; see dlockd --help)", at, key, suggest(fs, key))
 		}
+		if vv := deref(v); (vv.Kind == yaml.SequenceNode || vv.Kind == yaml.MappingNode) && !listFlag(f) {
+			return fmt.Errorf("%s: key %q takes one value (%s), not a %s", at, key, f.Value.Type(), kindName(vv))
+		}
 		val, err := flagValue(v)
 		if err != nil {
 			return fmt.Errorf("%s: key %q: %w", at, key, err)
@@ -87,6 +93,9 @@ func applyConfigFile(fs *pflag.FlagSet, path string) error {
 			msg := err.Error()
 			if _, after, ok := strings.Cut(msg, " flag: "); ok { // pflag's "invalid argument %q for %q flag: "
 				msg = after
+			}
+			if f.Value.Type() == "bool" {
+				msg = "want true or false"
 			}
 			return fmt.Errorf("%s: key %q: bad value %q: %s", at, key, val, oneLine(msg))
 		}
@@ -117,6 +126,24 @@ func readConfigFile(path string) ([]byte, error) {
 		return nil, fmt.Errorf("more than the %d bytes a config file may have", maxConfigBytes)
 	}
 	return data, nil
+}
+
+// listFlag reports whether f takes a list of values (a comma-separated
+// list on the command line): a pflag slice, or a flag whose type reads
+// "...,..." (initial-cluster's "id=host:port,...").
+func listFlag(f *pflag.Flag) bool {
+	if _, ok := f.Value.(pflag.SliceValue); ok {
+		return true
+	}
+	return strings.HasSuffix(f.Value.Type(), ",...")
+}
+
+// deref returns the node an alias points at, or v.
+func deref(v *yaml.Node) *yaml.Node {
+	if v.Kind == yaml.AliasNode && v.Alias != nil {
+		return v.Alias
+	}
+	return v
 }
 
 // flagValue returns the command-line form of a YAML value: a scalar as it

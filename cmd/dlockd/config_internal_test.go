@@ -106,6 +106,11 @@ func TestRun_ConfigFileErrorsExit2(t *testing.T) {
 		{"nested list", "initial-cluster: [[a]]\n", []string{`key "initial-cluster"`, "plain value"}},
 		{"not a mapping", "- listen: a\n", []string{"want a mapping", "not a list"}},
 		{"not yaml", "listen: [a\n", []string{"not YAML"}},
+		// A list or mapping for a one-value flag (it used to read as
+		// "a,b" and fail later); yes/no for a boolean.
+		{"list for a scalar", "listen: [a, b]\n", []string{":1:", `key "listen" takes one value`, "not a list"}},
+		{"mapping for a scalar", "data: {a: b}\n", []string{`key "data" takes one value`, "not a mapping"}},
+		{"yes for a bool", "insecure-listen: yes\n", []string{`key "insecure-listen"`, `bad value "yes"`, "want true or false"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

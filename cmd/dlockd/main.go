@@ -3,9 +3,12 @@
 //
 // With no flags it starts a single voter on 127.0.0.1:7450 with its data in
 // ./dlockd-data; clients reach it as dlockd://127.0.0.1:7450. SIGINT or
-// SIGTERM shut it down gracefully. SIGHUP reloads --auth-file and the API's
-// TLS files (a file that does not parse keeps the rules in force and logs
-// an error). See package server for the guarantees.
+// SIGTERM shut it down gracefully. SIGHUP reloads --auth-file and every
+// TLS file: --tls-cert, --tls-key, --tls-client-ca, --tls-ca, --peer-cert,
+// --peer-key and --peer-ca, for the next handshakes on the API and Raft
+// ports and of this node's own dials (a file that does not parse keeps
+// what is in force and logs an error). See package server for the
+// guarantees.
 //
 // A cluster of 3 or 5 voters starts with the same --initial-cluster on every
 // member's first start (restarts ignore it and use the data directory):
@@ -19,8 +22,13 @@
 // --peer-key and --peer-ca are then required. The API port serves gRPC
 // and HTTPS over TLS with --tls-cert and --tls-key (clients then use
 // dlockd://HOST:PORT?tls=1&ca=FILE), and requires client certificates with
-// --tls-client-ca; members verify each other's API certificates against
-// --tls-ca (default --peer-ca) and present their peer certificate. A
+// --tls-client-ca (on every call but /healthz, /readyz, /metrics and the
+// dashboard's static files); members verify each other's API certificates
+// against --tls-ca (default --peer-ca) and present their peer certificate.
+// Client and identity certificates must never be issued by the --peer-ca
+// CA: one of its certificates whose CN is a node ID is a cluster member,
+// and one may join the cluster under its CN (dlockd warns when
+// --tls-client-ca names a --peer-ca certificate). A
 // --listen that is not loopback needs --tls-cert, or --insecure-listen.
 //
 // --config FILE reads the flags from a YAML file whose keys are the long
@@ -35,7 +43,11 @@
 // (--log-level), Raft's included. dlockd --version prints the build (the
 // line of dlock version, naming dlockd); dlockd --help prints the flags. Exit status:
 // 0 after a clean shutdown (or --help, --version), 1 when the server fails
-// to start or to stop, 2 for bad flags or configuration.
+// to start (its data directory locked by another dlockd, a port in use)
+// or to stop, 2 for bad flags or configuration: a bad flag, --config file
+// or value, and a start refused for a file the configuration names (an
+// auth file, certificate, key or CA that is missing or does not parse, an
+// audit log that cannot be written: server.ErrConfig).
 package main
 
 import (
@@ -131,6 +143,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	if err := srv.Start(); err != nil {
 		log.Error("dlockd: start failed", "err", err)
+		if errors.Is(err, server.ErrConfig) {
+			// A bad auth file, certificate, key, CA or audit log path:
+			// starting again fails the same way (the systemd unit does
+			// not restart on 2).
+			return 2
+		}
 		return 1
 	}
 	// SIGHUP: reload the auth file and the TLS files (server.Reload logs
@@ -142,7 +160,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		for {
 			select {
 			case <-hup:
-				if err := srv.Reload(); err != nil {
+				if err := srv.ReloadAs("signal:SIGHUP"); err != nil { // the audit lines' identity
 					log.Error("dlockd: reload on SIGHUP failed; the previous settings stay in force", "err", err)
 				} else {
 					log.Info("dlockd: reloaded on SIGHUP")

@@ -46,8 +46,10 @@
 // connection error (driver.ErrUnavailable at the root) that hints at
 // tls=1; a TLS Driver dialling a plaintext port gets
 // driver.ErrInvalidArgument saying the port does not serve TLS. A server
-// certificate that does not verify, and a client certificate the server
-// refuses (none, another CA's, expired), are connection errors.
+// certificate that does not verify is a connection error saying why (the
+// name checked and the certificate's names, an untrusted issuer); a client
+// certificate the server refuses (none where --tls-client-ca asks one,
+// another CA's, expired) is driver.ErrPermissionDenied naming the cause.
 //
 // # Tokens
 //
@@ -411,7 +413,7 @@ func Dial(target string, opts *Options) (*Driver, error) {
 	}
 	creds := insecure.NewCredentials()
 	if opts.TLS != nil {
-		creds = credentials.NewTLS(opts.TLS.Clone())
+		creds = explainingCreds{TransportCredentials: credentials.NewTLS(opts.TLS.Clone()), serverName: opts.TLS.ServerName}
 	}
 	dopts := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
@@ -725,7 +727,14 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 //     driver.ErrInvalidArgument; retrying cannot help.
 //   - PermissionDenied (the token's identity lacks the permission on the
 //     key) and Unauthenticated (no token, or one the server does not
-//     know): driver.ErrPermissionDenied, never an outage.
+//     know, or no client certificate where --tls-client-ca asks one):
+//     driver.ErrPermissionDenied, never an outage. So is a client
+//     certificate the server refuses in the TLS handshake (expired, of
+//     another CA: the TLS alert it sends), the error naming the cause.
+//   - A server certificate this Driver does not accept (not naming the
+//     name checked, of an untrusted issuer, expired): a plain error
+//     saying which name was checked and which names the certificate
+//     carries, or why the issuer is not trusted.
 //   - A peer that answers but does not speak dlockd's protocol (the URL
 //     points at Redis, an HTTP/1.1 server, a plain server when TLS was
 //     asked, ...): driver.ErrInvalidArgument, "the server does not speak
@@ -785,6 +794,14 @@ func mapErr(ctx context.Context, op, key string, err error) error {
 			sentinel = driver.ErrInvalidArgument
 		}
 	}
+	// TLS: a client certificate the server refused in the handshake is
+	// driver.ErrPermissionDenied; a server certificate this Driver did not
+	// accept is said plainly (tls.go).
+	if sentinel == nil && !isReasonCode(reason) && st.Code() != codes.OK {
+		if terr := tlsErr(op, msg); terr != nil {
+			return terr
+		}
+	}
 	// A TLS Driver dialling a plaintext port: a configuration error.
 	if sentinel == nil && !isReasonCode(reason) && st.Code() != codes.OK && strings.Contains(msg, tlsNotServed) {
 		return fmt.Errorf("%w: the server's port does not serve TLS: drop tls, ca, cert and key from the dlockd URL, or start dlockd with --tls-cert and --tls-key (gRPC: %s)",
@@ -800,6 +817,14 @@ func mapErr(ctx context.Context, op, key string, err error) error {
 	switch {
 	case sentinel == driver.ErrNotAcquired || sentinel == driver.ErrLeaseLost:
 		return sentinel // the root package adds the operation, key and store
+	case sentinel == driver.ErrPermissionDenied && isReasonCode(reason):
+		// dlockd's refusal names the identity, the key (or prefix) and
+		// the missing permission; say it once: "permission denied:
+		// identity "x" lacks lock on key "k"" (or "permission denied:
+		// unauthenticated: unknown token ...").
+		detail := strings.TrimSuffix(strings.TrimPrefix(msg, "dlockd: "), " ("+reason+")")
+		detail = strings.TrimPrefix(detail, "permission denied: ")
+		return fmt.Errorf("%w: %s", sentinel, detail)
 	case sentinel != nil: // keep the server's detail (which limit)
 		return fmt.Errorf("%w: the server refused the %s: %s", sentinel, op, strings.TrimPrefix(msg, "dlockd: "))
 	}

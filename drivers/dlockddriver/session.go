@@ -209,12 +209,23 @@ func (d *Driver) sessionLoop() {
 		if time.Since(start) > time.Second {
 			delay = 50 * time.Millisecond
 		}
+		if c := status.Code(err); c == codes.Unauthenticated || c == codes.PermissionDenied {
+			// The token was refused (revoked by a reload of the auth
+			// file?): retrying every 2 s would only fill the server's
+			// audit log. Calls meanwhile use the unary RPCs, whose own
+			// refusals end the leases (the root package's heartbeat).
+			delay = authRetryDelay
+		}
 		if !sleepCtx(ctx, delay) {
 			return
 		}
 		delay = min(delay*2, 2*time.Second)
 	}
 }
+
+// authRetryDelay is how long the Session loop waits before it opens the
+// stream again after the server refused the Driver's credentials.
+const authRetryDelay = 30 * time.Second
 
 // watchStream waits until the Session stream cs ends (its error), the
 // belief moves away from its member (nil), or a probe finds its member no

@@ -1,14 +1,22 @@
 package dlockddriver
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
+	"fmt"
+	"net"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 
+	"google.golang.org/grpc/credentials"
+
+	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/internal/tlserr"
 	"github.com/dlock-dev/dlock/internal/urlparam"
 )
 
@@ -122,8 +130,60 @@ const tlsNotServed = "first record does not look like a TLS handshake"
 // before the HTTP/2 server preface (dlockd closes a plaintext connection
 // to its TLS port without a word). "" for any other text.
 func tlsHint(msg string) string {
-	if strings.Contains(msg, "server preface") {
+	if strings.Contains(msg, "server preface") && !strings.Contains(msg, "tls:") {
 		return "; if the server's port serves TLS, add tls=1 (and ca=FILE) to the dlockd URL"
 	}
 	return ""
+}
+
+// serverCertWords starts tlserr.ServerCert's explanations.
+const serverCertWords = "the server's certificate "
+
+// explainingCreds are the Driver's TLS credentials: a failed handshake
+// whose cause is the server's certificate (a name it does not carry, an
+// untrusted issuer, an expiry) is explained in words (tlserr.ServerCert),
+// with the name checked: serverName (the URL's server_name) or the host
+// dialled. Verification itself is crypto/tls's, unchanged.
+type explainingCreds struct {
+	credentials.TransportCredentials
+	serverName string
+}
+
+func (c explainingCreds) ClientHandshake(ctx context.Context, authority string, conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	nc, info, err := c.TransportCredentials.ClientHandshake(ctx, authority, conn)
+	if err != nil {
+		if why, ok := tlserr.ServerCert(err, c.serverName); ok {
+			return nil, nil, fmt.Errorf("%s (%w)", why, err)
+		}
+	}
+	return nc, info, err
+}
+
+func (c explainingCreds) Clone() credentials.TransportCredentials {
+	return explainingCreds{TransportCredentials: c.TransportCredentials.Clone(), serverName: c.serverName}
+}
+
+// tlsErr maps a connection error's text (msg, a gRPC status message) to
+// the Driver's error for op when it is about TLS: a client certificate the
+// server refused (its TLS alert) is driver.ErrPermissionDenied naming the
+// cause; a server certificate this Driver did not accept is a plain error
+// (driver.ErrUnavailable at the root) saying why, without gRPC's wrapping.
+// nil for anything else.
+func tlsErr(op, msg string) error {
+	// grpc-go quotes the transport's error: connection error: desc = "...".
+	if i := strings.Index(msg, `desc = "`); i >= 0 {
+		if u, err := strconv.Unquote(msg[i+len("desc = "):]); err == nil {
+			msg = u
+		}
+	}
+	if why, ok := tlserr.Refused(msg); ok {
+		return fmt.Errorf("%w: dlockd refused this client's certificate in the TLS handshake: %s", driver.ErrPermissionDenied, why)
+	}
+	if i := strings.Index(msg, serverCertWords); i >= 0 {
+		return fmt.Errorf("dlockd %s: TLS: %s", op, msg[i:])
+	}
+	if why, ok := tlserr.ServerCert(errors.New(msg), ""); ok {
+		return fmt.Errorf("dlockd %s: TLS: %s (%s)", op, why, msg)
+	}
+	return nil
 }

@@ -139,7 +139,7 @@ func TestTLS_UntrustedServer(t *testing.T) {
 	for name, c := range map[string]struct{ query, want string }{
 		"another CA":        {"ca=" + url.QueryEscape(other.CertFile), "certificate"},
 		"system roots":      {"tls=1", "certificate"},
-		"wrong server_name": {"ca=" + url.QueryEscape(ca.CertFile) + "&server_name=dlockd.example", "dlockd.example"},
+		"wrong server_name": {"ca=" + url.QueryEscape(ca.CertFile) + "&server_name=dlockd.example", `does not name "dlockd.example" (the name checked: server_name=dlockd.example); it names localhost, 127.0.0.1, ::1`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			l, err := dlock.Open(ctx, "dlockd://"+srv.Addr()+"?"+c.query, dlock.WithOpTimeout(2*time.Second))
@@ -148,9 +148,10 @@ func TestTLS_UntrustedServer(t *testing.T) {
 			}
 			defer l.Close()
 			_, err = l.TryAcquire(ctx, "k")
-			if !errors.Is(err, dlock.ErrUnavailable) || !strings.Contains(err.Error(), c.want) {
+			if !errors.Is(err, dlock.ErrUnavailable) || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "set server_name=NAME") {
 				t.Fatalf("TryAcquire = %v, want ErrUnavailable naming %q", err, c.want)
 			}
+			t.Logf("%s: %v", name, err)
 		})
 	}
 	// server_name: the certificate names localhost; dial 127.0.0.1 as it.
@@ -167,8 +168,11 @@ func TestTLS_UntrustedServer(t *testing.T) {
 }
 
 // TestTLS_ClientCertificates: with --tls-client-ca, a Driver without a
-// client certificate, with one of another CA, or with an expired one is
-// refused; one of the client CA is served.
+// client certificate, with one of another CA (which it does not send), or
+// with an expired one is refused with ErrPermissionDenied naming the cause
+// (never ErrUnavailable: retrying cannot help, and the old "connection
+// closed before the HTTP/2 preface" hinted at a server that was not
+// running); one of the client CA is served.
 func TestTLS_ClientCertificates(t *testing.T) {
 	clients := servertest.NewCA(t, "clients CA")
 	srv, ca := tlsServer(t, func(c *server.Config, _ *servertest.CA) { c.TLSClientCAFile = clients.CertFile })
@@ -185,16 +189,25 @@ func TestTLS_ClientCertificates(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	for name, leaf := range map[string]*servertest.Leaf{"no certificate": nil, "another CA": foreign, "expired": expired} {
+	for name, c := range map[string]struct {
+		leaf *servertest.Leaf
+		want string
+	}{
+		"no certificate": {nil, "client certificate is required"},
+		"another CA":     {foreign, "client certificate is required"},
+		"expired":        {expired, "certificate has expired"},
+	} {
 		t.Run(name, func(t *testing.T) {
-			l, err := dlock.Open(ctx, "dlockd://"+srv.Addr()+"?"+q(leaf), dlock.WithOpTimeout(2*time.Second))
+			l, err := dlock.Open(ctx, "dlockd://"+srv.Addr()+"?"+q(c.leaf), dlock.WithOpTimeout(2*time.Second))
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer l.Close()
-			if _, err := l.TryAcquire(ctx, "k"); !errors.Is(err, dlock.ErrUnavailable) {
-				t.Fatalf("TryAcquire = %v, want ErrUnavailable (refused in the handshake)", err)
+			_, err = l.TryAcquire(ctx, "k")
+			if !errors.Is(err, dlock.ErrPermissionDenied) || errors.Is(err, dlock.ErrUnavailable) || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "preface") {
+				t.Fatalf("TryAcquire = %v, want ErrPermissionDenied saying %q", err, c.want)
 			}
+			t.Logf("%s: %v", name, err)
 		})
 	}
 	l, err := dlock.Open(ctx, "dlockd://"+srv.Addr()+"?"+q(good))

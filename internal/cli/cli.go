@@ -21,14 +21,15 @@ import (
 
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/driver"
-	"github.com/dlock-dev/dlock/drivers/dlockddriver"    // dlockd://
-	_ "github.com/dlock-dev/dlock/drivers/etcddriver"    // etcd://
-	_ "github.com/dlock-dev/dlock/drivers/memdriver"     // mem:// (in-process only)
-	_ "github.com/dlock-dev/dlock/drivers/pgadvisory"    // pgadvisory://
-	_ "github.com/dlock-dev/dlock/drivers/pgdriver"      // postgres://
-	_ "github.com/dlock-dev/dlock/drivers/redisdriver"   // redis://
-	_ "github.com/dlock-dev/dlock/drivers/redlockdriver" // redlock://
-	_ "github.com/dlock-dev/dlock/drivers/zkdriver"      // zk://
+	"github.com/dlock-dev/dlock/drivers/dlockddriver"     // dlockd://
+	_ "github.com/dlock-dev/dlock/drivers/etcddriver"     // etcd://
+	_ "github.com/dlock-dev/dlock/drivers/memdriver"      // mem:// (in-process only)
+	_ "github.com/dlock-dev/dlock/drivers/pgadvisory"     // pgadvisory://
+	_ "github.com/dlock-dev/dlock/drivers/pgdriver"       // postgres://
+	_ "github.com/dlock-dev/dlock/drivers/redisdriver"    // redis://
+	_ "github.com/dlock-dev/dlock/drivers/redlockdriver"  // redlock://
+	_ "github.com/dlock-dev/dlock/drivers/zkdriver"       // zk://
+	"github.com/dlock-dev/dlock/internal/tlserr"
 	"github.com/dlock-dev/dlock/internal/urlparam"
 )
 
@@ -278,6 +279,8 @@ func (g *globals) isDlockd() bool {
 func (g *globals) noPerm(err error) error {
 	hint := "check the token's rules in dlockd's --auth-file"
 	switch {
+	case strings.Contains(err.Error(), "refused this client's certificate"), strings.Contains(err.Error(), "client certificate is required"):
+		hint = "set cert=FILE and key=FILE in the store URL to a valid certificate issued by dlockd's --tls-client-ca"
 	case strings.Contains(err.Error(), "no credentials"):
 		hint = "dlockd requires a token: set --token, DLOCK_TOKEN or the store URL's token_file=FILE"
 	case strings.Contains(err.Error(), "unknown token"), strings.Contains(err.Error(), "revoked"):
@@ -329,6 +332,10 @@ func (g *globals) unavailable(op, key string, err error, retried time.Duration) 
 	}
 	cause := plainCause(err)
 	hint := fmt.Sprintf("is %s running at %s? set --store or DLOCK_STORE", g.storeProduct(), addr)
+	if tlsCause(cause) {
+		// It answered: the TLS settings of the two sides do not agree.
+		hint = "check the store URL's TLS parameters (tls, ca, cert, key, server_name) against the server's certificates"
+	}
 	if transientCause(cause) {
 		hint = fmt.Sprintf("%s is starting or electing a leader; retry in a moment (or give --retry-for a longer budget)", g.storeProduct())
 	}
@@ -394,6 +401,42 @@ func addRetryFlag(cmd *cobra.Command, g *globals) {
 	cmd.Flags().DurationVar(&g.retryFor, "retry-for", DefaultRetryFor, "retry a store that cannot be reached (down, restarting, electing a leader) this long before exiting 69 (env DLOCK_RETRY_FOR, file: retry_for)")
 }
 
+// tlsRefusedCause is the cause in words when err says the server refused
+// this client's certificate in the TLS handshake (its alert), else "".
+func tlsRefusedCause(err error) string {
+	if why, ok := tlserr.Refused(err.Error()); ok {
+		return "the server refused this client's certificate: " + why
+	}
+	return ""
+}
+
+// tlsServerCause is the cause in words when err says this client did not
+// accept the server's certificate (the name checked and the names it
+// carries, an untrusted issuer, an expiry), else "". The dlockd driver's
+// explanation is kept as it is; a raw x509 error (the CLI's own HTTPS
+// calls) is explained by tlserr.
+func tlsServerCause(err error) string {
+	msg := err.Error()
+	if i := strings.Index(msg, "the server's certificate "); i >= 0 {
+		msg = msg[i:]
+		if j := strings.Index(msg, " (tls: failed to verify"); j >= 0 {
+			msg = msg[:j]
+		}
+		return msg
+	}
+	if why, ok := tlserr.ServerCert(err, ""); ok {
+		return why
+	}
+	return ""
+}
+
+// tlsCause reports whether a plainCause is about TLS: the server answered,
+// so "is it running?" is not the question.
+func tlsCause(cause string) bool {
+	return strings.HasPrefix(cause, "the server's certificate") || strings.HasPrefix(cause, "the server refused this client's certificate") ||
+		strings.HasPrefix(cause, "TLS handshake failed") || strings.Contains(cause, "add tls=1")
+}
+
 // plainCause says in plain words why a store could not be reached, from the
 // raw error's text (gRPC and driver dumps are not for the user).
 func plainCause(err error) string {
@@ -402,10 +445,10 @@ func plainCause(err error) string {
 	// TLS (issue 12), before the generic cases that would hide it.
 	case strings.Contains(s, "server preface"):
 		return "the connection was closed before the HTTP/2 preface: if dlockd serves TLS, add tls=1 (and ca=FILE) to the store URL"
-	case strings.Contains(s, "remote error: tls:") && (strings.Contains(s, "certificate") || strings.Contains(s, "unknown ca")):
-		return "the server refused this client's certificate (none, expired, or not of its --tls-client-ca): set cert=FILE and key=FILE in the store URL"
-	case strings.Contains(s, "x509: certificate is valid for"):
-		return "the server's certificate does not name this address: set server_name=NAME in the store URL"
+	case tlsRefusedCause(err) != "":
+		return tlsRefusedCause(err)
+	case tlsServerCause(err) != "":
+		return tlsServerCause(err)
 	case strings.Contains(s, "x509:"):
 		return "the server's certificate is not trusted: set ca=FILE (the CA that signed it) in the store URL"
 	case strings.Contains(s, "connection refused"):
@@ -646,7 +689,7 @@ interrupted (128+N), error (1).`,
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.store, "store", DefaultStore, "lock store URL (env DLOCK_STORE, file: store)")
 	pf.StringVarP(&g.output, "output", "o", "text", `output format: "text" or "json" (env DLOCK_OUTPUT, file: output)`)
-	pf.StringVar(&g.token, "token", "", "bearer token for a dlockd started with --auth-file (env DLOCK_TOKEN, file: token; or the URL's token_file=FILE); other stores ignore it")
+	pf.StringVar(&g.token, "token", "", "bearer token for a dlockd started with --auth-file (env DLOCK_TOKEN, file: token; or the URL's token_file=FILE); other stores ignore it. A flag is visible to every user in ps and /proc: prefer DLOCK_TOKEN or token_file=FILE")
 	pf.StringVar(&g.configFile, "config", "", "configuration file (env DLOCK_CONFIG; default ~/.config/dlock/config.yaml)")
 	pf.BoolVar(&g.debug, "debug", false, "print the raw store errors, and with run how the command is supervised, to stderr")
 	root.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {

@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dlock-dev/dlock/drivers/dlockddriver"
+	"github.com/dlock-dev/dlock/internal/tlserr"
 )
 
 // dlockd's cluster API over HTTP (the same port as gRPC). A follower
@@ -322,12 +323,17 @@ func (cc *clusterCmd) client() (*clusterClient, error) {
 			}
 		}
 	}
+	serverName := ""
+	if tlsCfg != nil {
+		serverName = tlsCfg.ServerName
+	}
 	return &clusterClient{
-		members:  members,
-		timeout:  cc.timeout,
-		retryFor: cc.g.retryFor,
-		scheme:   scheme,
-		token:    token,
+		serverName: serverName,
+		members:    members,
+		timeout:    cc.timeout,
+		retryFor:   cc.g.retryFor,
+		scheme:     scheme,
+		token:      token,
 		hc: &http.Client{
 			Transport: &http.Transport{Proxy: nil, DialContext: (&net.Dialer{Timeout: 3 * time.Second}).DialContext, MaxIdleConnsPerHost: 2, TLSClientConfig: tlsCfg},
 			// A follower forwards; a redirect (307 to the leader) is
@@ -559,12 +565,15 @@ func formatContact(s float64) string {
 
 // clusterClient calls dlockd's cluster API on the first member that answers.
 type clusterClient struct {
-	members  []string // host:port, in the URL's order
-	scheme   string   // "https" when the store URL asks for TLS, else "http"
-	token    string   // bearer token (--token, DLOCK_TOKEN, token_file), or ""
-	timeout  time.Duration
-	retryFor time.Duration
-	hc       *http.Client
+	members []string // host:port, in the URL's order
+	scheme  string   // "https" when the store URL asks for TLS, else "http"
+	// serverName is the store URL's server_name ("": the host dialled),
+	// for explaining a server certificate that does not name it.
+	serverName string
+	token      string // bearer token (--token, DLOCK_TOKEN, token_file), or ""
+	timeout    time.Duration
+	retryFor   time.Duration
+	hc         *http.Client
 }
 
 // apiError is an answer of dlockd other than success and "no leader":
@@ -596,6 +605,17 @@ func (e *unreachableError) Error() string {
 		parts[i] = p.addr + ": " + p.cause
 	}
 	return strings.Join(parts, "; ")
+}
+
+// allTLS reports whether every member's problem is about TLS (they
+// answered; the certificates did not agree).
+func (e *unreachableError) allTLS() bool {
+	for _, p := range e.problems {
+		if !tlsCause(p.cause) {
+			return false
+		}
+	}
+	return len(e.problems) > 0
 }
 
 // status returns the cluster's status from the first member that answers.
@@ -671,8 +691,12 @@ func (c *clusterClient) call(ctx context.Context, method, path string, body any,
 			if elapsed >= 100*time.Millisecond {
 				after = fmt.Sprintf(", still after retrying for %v", elapsed.Round(100*time.Millisecond))
 			}
+			hint := "are the members running? set --store dlockd://HOST:PORT,... or give --retry-for a longer budget"
+			if unreachable.allTLS() {
+				hint = "check the store URL's TLS parameters (tls, ca, cert, key, server_name) against the members' certificates"
+			}
 			return answer{}, &exitError{code: ExitUnavailable, detail: unreachable,
-				err: fmt.Errorf("cluster %s: no dlockd member answered (%s%s); are the members running? set --store dlockd://HOST:PORT,... or give --retry-for a longer budget", strings.TrimPrefix(path, "/v1/cluster/"), unreachable, after)}
+				err: fmt.Errorf("cluster %s: no dlockd member answered (%s%s); %s", strings.TrimPrefix(path, "/v1/cluster/"), unreachable, after, hint)}
 		}
 		select {
 		case <-ctx.Done():
@@ -698,6 +722,10 @@ func (c *clusterClient) round(ctx context.Context, method, path string, payload 
 		tried[addr] = true
 		status, data, hdr, err := c.send(ctx, addr, method, path, payload)
 		if err != nil {
+			if why := tlsRefusedCause(err); why != "" { // exit 77: retrying cannot help
+				return answer{}, nil, &exitError{code: ExitNoPerm, detail: err,
+					err: fmt.Errorf("cluster %s: %s: %s; set cert=FILE and key=FILE in the store URL to a valid certificate issued by dlockd's --tls-client-ca", strings.TrimPrefix(path, "/v1/cluster/"), addr, why)}
+			}
 			if ctx.Err() != nil {
 				return answer{}, nil, exit(ExitUnavailable, "cluster %s: %v", strings.TrimPrefix(path, "/v1/cluster/"), ctx.Err())
 			}
@@ -705,7 +733,11 @@ func (c *clusterClient) round(ctx context.Context, method, path string, payload 
 				return answer{}, nil, &exitError{code: ExitUnavailable, detail: err,
 					err: fmt.Errorf("cluster %s: %s did not answer (%s); the change may or may not have been applied: check dlock cluster status", strings.TrimPrefix(path, "/v1/cluster/"), addr, plainCause(err))}
 			}
-			un.problems = append(un.problems, memberProblem{addr: addr, cause: plainCause(err), err: err})
+			cause := plainCause(err)
+			if why, ok := tlserr.ServerCert(err, c.serverName); ok { // with the server_name checked
+				cause = why
+			}
+			un.problems = append(un.problems, memberProblem{addr: addr, cause: cause, err: err})
 			continue
 		}
 		switch {
@@ -819,6 +851,16 @@ func parseAPIError(status int, data []byte) *apiError {
 	return ae
 }
 
+// plain is the message of an auth refusal without dlockd's "dlockd: "
+// prefix and " (REASON)" suffix: it is one line of the CLI's.
+func (ae *apiError) plain() string {
+	m := strings.TrimPrefix(ae.Message, "dlockd: ")
+	if ae.Reason != "" {
+		m = strings.TrimSuffix(m, " ("+ae.Reason+")")
+	}
+	return m
+}
+
 // apiStatusErr maps a refusal of dlockd to an exit code: 64 for an invalid
 // request, 77 for a token refused (401) or lacking the permission (403),
 // 78 when the route is missing (a dlockd without the cluster API, or not a
@@ -831,9 +873,10 @@ func apiStatusErr(path, addr string, ae *apiError) error {
 	}
 	switch {
 	case ae.Status == http.StatusUnauthorized:
-		return exit(ExitNoPerm, "cluster %s: dlockd refused the credentials: %s; set --token, DLOCK_TOKEN or the store URL's token_file=FILE", op, msg)
+		return exit(ExitNoPerm, "cluster %s: dlockd refused the credentials: %s; set --token, DLOCK_TOKEN or the store URL's token_file=FILE", op, ae.plain())
 	case ae.Status == http.StatusForbidden:
-		return exit(ExitNoPerm, "cluster %s: %s", op, msg)
+		// dlockd's message names the identity and the missing permission.
+		return exit(ExitNoPerm, "cluster %s: %s; check the token's rules in dlockd's --auth-file", op, ae.plain())
 	case ae.Code == "" && (ae.Status == http.StatusNotFound || ae.Status == http.StatusMethodNotAllowed):
 		return exit(ExitUnsupported, "cluster %s: %s has no cluster API (HTTP %d: %s); is it a dlockd of this version?", op, addr, ae.Status, msg)
 	case ae.Status == http.StatusBadRequest:

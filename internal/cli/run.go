@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -87,7 +88,9 @@ is one string run by sh -c instead.
 The command runs in its own process group with stdin, stdout and stderr
 passed through, SIGINT, SIGTERM and SIGHUP forwarded to that group, and
 DLOCK_KEY, DLOCK_FENCE and DLOCK_STORE in its environment (pass DLOCK_FENCE
-to the resource you write). When stdin is the terminal dlock runs in the
+to the resource you write). DLOCK_TOKEN is taken out of it: the token is
+dlock's credential, not the command's (give it one of its own if it must
+call dlockd). When stdin is the terminal dlock runs in the
 foreground of, the command's group gets the terminal: it can read it,
 Ctrl-C reaches it directly, Ctrl-Z stops dlock's job (fg resumes it), and
 the terminal comes back to dlock when it ends.
@@ -160,7 +163,9 @@ Exit status:
                       (--conflict-exit-code N changes it)
   70                  the lease was lost (or its validity passed unrenewed) while the
                       command ran: everything it started got SIGTERM at once and
-                      SIGKILL after --grace
+                      SIGKILL after --grace; also when a renewal was refused for
+                      the token (revoked by a reload of dlockd's auth file): the
+                      lease ends at the first refusal, result "lost"
   69                  the store could not be reached (after --retry-for); not run
                       (unless --fail-open)
   64                  bad flags or arguments, or input the store refused (key,
@@ -477,7 +482,7 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 		}
 	}
 
-	env := append(os.Environ(), "DLOCK_KEY="+key, "DLOCK_STORE="+g.store)
+	env := append(childEnviron(os.Environ()), "DLOCK_KEY="+key, "DLOCK_STORE="+g.store)
 	if lease != nil {
 		res.Fence = lease.Fence()
 		env = append(env, "DLOCK_FENCE="+strconv.FormatUint(lease.Fence(), 10))
@@ -821,4 +826,22 @@ func startError(code int, argv []string, err error) error {
 		msg = rest
 	}
 	return fmt.Errorf("cannot run %s: %s", quoteIfControl(name), msg)
+}
+
+// secretEnv lists the environment variables dlock reads that carry a
+// credential: they are not passed on to the command dlock run starts.
+var secretEnv = []string{"DLOCK_TOKEN"}
+
+// childEnviron returns env (KEY=VALUE entries) without the variables of
+// secretEnv.
+func childEnviron(env []string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		if slices.Contains(secretEnv, k) {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
 }

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -75,6 +76,9 @@ implies read).`,
 			rs, err := parseRules(rules)
 			if err != nil {
 				return exit(ExitUsage, "token new: %v", err)
+			}
+			for _, w := range ruleWarnings(rs) {
+				fmt.Fprintf(g.stderr, "dlock: warning: %s\n", w)
 			}
 			tok, err := authtoken.New()
 			if err != nil {
@@ -178,6 +182,26 @@ func parseRules(rules []string) (map[string][]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// ruleWarnings returns a warning for each prefix of rs that ends with a
+// letter or a digit: prefixes match bytes, so "payout" also matches
+// "payouts-internal:..."; a separator ("payout:") is almost always meant.
+func ruleWarnings(rs map[string][]string) []string {
+	prefixes := make([]string, 0, len(rs))
+	for p := range rs {
+		prefixes = append(prefixes, p)
+	}
+	slices.Sort(prefixes)
+	var out []string
+	for _, p := range prefixes {
+		r, _ := utf8.DecodeLastRuneInString(p)
+		if p == "" || !unicode.IsLetter(r) && !unicode.IsDigit(r) {
+			continue
+		}
+		out = append(out, fmt.Sprintf("--rule prefix %q matches every key starting with those bytes, %q too; did you mean %q (with the separator your keys use)?", p, p+"s-internal:1", p+":"))
+	}
+	return out
 }
 
 // authEntry writes e as an item of the auth file's identities list (YAML).

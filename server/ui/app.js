@@ -219,7 +219,9 @@
         ? "No held key starts with \u201c" + state.prefix + "\u201d" + (d.filtered ? " that your token may read." : ".")
         : d.filtered ? "No held key that your token may read." : "No key is held.";
     }
-    $("keys-count").textContent = fmtInt(d.held_total) + " held · " + fmtInt(d.waiting_total) + " waiting" + (d.filtered ? " (whole table)" : "");
+    // The whole table's totals come only for a token that may read every key.
+    $("keys-count").textContent = d.held_total == null ? ""
+      : fmtInt(d.held_total) + " held · " + fmtInt(d.waiting_total) + " waiting" + (d.filtered ? " (whole table)" : "");
     $("page-info").textContent = "page " + (state.page + 1) + (d.keys.length ? " · " + d.keys.length + " keys" : "");
     $("prev").disabled = state.page === 0;
     $("first").disabled = state.page === 0;
