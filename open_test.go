@@ -17,7 +17,7 @@ import (
 // ErrInvalidArgument (never ErrUnavailable), and the message says what to
 // write instead, with credentials redacted.
 func TestOpen_BadURLIsInvalidArgument(t *testing.T) {
-	supported := "supported schemes: dlockd, etcd, mem, pgadvisory, postgres, postgresql, redis, rediss, redlock, zk"
+	supported := "supported schemes: azblob, consul, dlockd, dynamodb, etcd, gs, mem, pgadvisory, postgres, postgresql, redis, rediss, redlock, zk"
 	cases := []struct {
 		url  string
 		want []string // substrings of the message
@@ -30,7 +30,8 @@ func TestOpen_BadURLIsInvalidArgument(t *testing.T) {
 		{"[::1]:7450", []string{`did you mean dlockd://[::1]:7450?`}},
 		{"lock.internal", []string{`did you mean dlockd://lock.internal?`}},
 		{"http://127.0.0.1:7450", []string{`unknown store scheme "http"`, supported}},
-		{"consul://127.0.0.1:8500", []string{`unknown store scheme "consul"`, supported}},
+		{"mongodb://127.0.0.1:27017", []string{`unknown store scheme "mongodb"`, supported}},
+		{"consul://127.0.0.1:8500", []string{`no driver registered for scheme "consul"`, `import _ "github.com/dlock-dev/dlock/drivers/consuldriver"`}},
 		{"dlockd://127.0.0.1:99999", []string{`dlockd://127.0.0.1:99999`, `port "99999"`, "1..65535"}},
 		{"dlockd://127.0.0.1:0", []string{`port "0"`}},
 		{"dlockd://127.0.0.1:x", []string{`invalid port`}},

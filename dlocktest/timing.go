@@ -93,10 +93,17 @@ func awaitLost(t TB, p *schedProbe, ls *dlock.Lease, what string, limit time.Dur
 	timer := time.NewTimer(time.Until(ls.Deadline()) + limit)
 	defer timer.Stop()
 	var doneAt time.Time
+	// A loss already observed wins over a limit already past (the caller
+	// may come late, after waiting for another client's grant): select
+	// alone would pick one of two ready cases at random.
 	select {
 	case doneAt = <-watch:
-	case <-timer.C:
-		t.Fatalf("%s: lease still held %v after its deadline", what, time.Since(ls.Deadline()))
+	default:
+		select {
+		case doneAt = <-watch:
+		case <-timer.C:
+			t.Fatalf("%s: lease still held %v after its deadline", what, time.Since(ls.Deadline()))
+		}
 	}
 	late := doneAt.Sub(ls.Deadline())
 	slack := p.slack(lossBase)

@@ -50,15 +50,19 @@ func Lookup(scheme string) (OpenFunc, error) {
 // the package whose import registers it.
 var modulePackages = map[string]string{
 	"dlockd":     "github.com/dlock-dev/dlock/drivers/dlockddriver",
+	"consul":     "github.com/dlock-dev/dlock/drivers/consuldriver",
 	"redis":      "github.com/dlock-dev/dlock/drivers/redisdriver",
 	"rediss":     "github.com/dlock-dev/dlock/drivers/redisdriver",
 	"redlock":    "github.com/dlock-dev/dlock/drivers/redlockdriver",
 	"etcd":       "github.com/dlock-dev/dlock/drivers/etcddriver",
+	"dynamodb":   "github.com/dlock-dev/dlock/drivers/dynamodbdriver",
 	"zk":         "github.com/dlock-dev/dlock/drivers/zkdriver",
 	"postgres":   "github.com/dlock-dev/dlock/drivers/pgdriver",
 	"postgresql": "github.com/dlock-dev/dlock/drivers/pgdriver",
 	"pgadvisory": "github.com/dlock-dev/dlock/drivers/pgadvisory",
 	"mem":        "github.com/dlock-dev/dlock/drivers/memdriver",
+	"azblob":     "github.com/dlock-dev/dlock/drivers/azblobdriver",
+	"gs":         "github.com/dlock-dev/dlock/drivers/gcsdriver",
 }
 
 // ModulePackage returns the import path of the package of this module

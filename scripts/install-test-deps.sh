@@ -15,17 +15,26 @@ command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 # systemd-analyze verifies deploy/systemd's unit.
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
+# Node.js runs the cloud stores' emulators (npm packages, installed below
+# into a cache directory, never globally).
+command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
 
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
-fi
-echo "installing test servers: ${missing[*]}"
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-# Debian starts the packaged services; the tests use their own instances.
-for svc in redis-server postgresql etcd zookeeper prometheus prometheus-node-exporter; do
-  $SUDO service "$svc" stop >/dev/null 2>&1 || true
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing test servers: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # Debian starts the packaged services; the tests use their own instances.
+  for svc in redis-server postgresql etcd zookeeper prometheus prometheus-node-exporter; do
+    $SUDO service "$svc" stop >/dev/null 2>&1 || true
+  done
+fi
+
+# The emulators and Go-built test servers of the other stores, each by its
+# own script (idempotent: a cached install is kept).
+for dep in "$(dirname "$0")"/test-deps/*.sh; do
+  [ -e "$dep" ] || continue
+  bash "$dep"
 done

@@ -29,8 +29,12 @@ import (
 	"syscall"
 	"time"
 
+	_ "github.com/dlock-dev/dlock/drivers/azblobdriver"
+	_ "github.com/dlock-dev/dlock/drivers/consuldriver"
 	_ "github.com/dlock-dev/dlock/drivers/dlockddriver"
+	_ "github.com/dlock-dev/dlock/drivers/dynamodbdriver"
 	_ "github.com/dlock-dev/dlock/drivers/etcddriver"
+	_ "github.com/dlock-dev/dlock/drivers/gcsdriver"
 	_ "github.com/dlock-dev/dlock/drivers/memdriver"
 	_ "github.com/dlock-dev/dlock/drivers/pgadvisory"
 	_ "github.com/dlock-dev/dlock/drivers/pgdriver"

@@ -62,3 +62,20 @@ func TestSettlement_DlockdStoreSQLiteLedger(t *testing.T) {
 	d := servertest.StartEmbedded(t, servertest.Config(t, t.TempDir()))
 	run(t, "dlockd://"+d.Addr(), "sqlite:"+filepath.Join(t.TempDir(), "ledger.db"))
 }
+
+// TestSettlement_AzblobStoreSQLiteLedger runs on Azure blob leases (the
+// Azurite emulator): the paused worker's key is taken over only when its
+// 15 s service lease (Azure's shortest) has ended, long after its 300 ms TTL.
+func TestSettlement_AzblobStoreSQLiteLedger(t *testing.T) {
+	az := testservers.StartAzurite(t)
+	run(t, az.URL("settlement"), "sqlite:"+filepath.Join(t.TempDir(), "ledger.db"))
+}
+
+// TestSettlement_DynamoDBStoreSQLiteLedger runs on DynamoDB conditional
+// writes (the dynalite emulator): the paused worker's key is taken over by
+// a worker that has seen its record version unchanged for a lease.
+func TestSettlement_DynamoDBStoreSQLiteLedger(t *testing.T) {
+	d := testservers.StartDynalite(t)
+	testservers.UseDynaliteEnv(t)
+	run(t, d.URL("settlement")+"&create_table=true", "sqlite:"+filepath.Join(t.TempDir(), "ledger.db"))
+}

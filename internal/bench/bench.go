@@ -313,6 +313,12 @@ func held(ctx context.Context, store string, keys, pid int) (Held, error) {
 	}
 	defer closeAll()
 	r := Held{Store: store, Keys: keys}
+	// A long TTL keeps heartbeats rare while the keys are held; Azure blob
+	// leases last at most 60 s (the azblob driver refuses longer TTLs).
+	holdTTL := 10 * time.Minute
+	if strings.HasPrefix(store, "azblob:") {
+		holdTTL = time.Minute
+	}
 	if pid > 0 {
 		r.RSSBeforeMiB = rssMiB(pid)
 	}
@@ -325,11 +331,10 @@ func held(ctx context.Context, store string, keys, pid int) (Held, error) {
 		go func() {
 			defer wg.Done()
 			for i := w; i < keys && ctx.Err() == nil; i += workers {
-				// A long TTL keeps heartbeats rare while the keys are held.
 				// Not cut off by ctx: an attempt cancelled midway may leave
 				// what the store granted (an etcd lease) until its TTL; the
 				// loop stops at the next key instead.
-				ls, err := tryAcquire(ctx, l, fmt.Sprintf("bench:w3:%s:%d", runID, i), dlock.WithTTL(10*time.Minute))
+				ls, err := tryAcquire(ctx, l, fmt.Sprintf("bench:w3:%s:%d", runID, i), dlock.WithTTL(holdTTL))
 				if err != nil {
 					errs.Add(1)
 					continue

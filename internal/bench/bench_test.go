@@ -12,7 +12,12 @@ import (
 	_ "github.com/dlock-dev/dlock/drivers/memdriver"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain checks for leaked goroutines. fake-gcs-server (the GCS store of
+// BenchmarkSideBySide, in-process) links OpenCensus, whose package init
+// starts a worker that runs for the life of the process.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"))
+}
 
 func TestRun_EveryWorkloadReportsFigures(t *testing.T) {
 	cfg := Config{

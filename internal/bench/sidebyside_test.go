@@ -17,14 +17,19 @@ import (
 	"testing"
 	"time"
 
+	_ "github.com/dlock-dev/dlock/drivers/azblobdriver"
+	_ "github.com/dlock-dev/dlock/drivers/consuldriver"
 	_ "github.com/dlock-dev/dlock/drivers/dlockddriver"
+	_ "github.com/dlock-dev/dlock/drivers/dynamodbdriver"
 	_ "github.com/dlock-dev/dlock/drivers/etcddriver"
+	_ "github.com/dlock-dev/dlock/drivers/gcsdriver"
 	_ "github.com/dlock-dev/dlock/drivers/pgadvisory"
 	_ "github.com/dlock-dev/dlock/drivers/pgdriver"
 	_ "github.com/dlock-dev/dlock/drivers/redisdriver"
 	_ "github.com/dlock-dev/dlock/drivers/redlockdriver"
 	_ "github.com/dlock-dev/dlock/drivers/zkdriver"
 	"github.com/dlock-dev/dlock/internal/testservers"
+	"github.com/dlock-dev/dlock/internal/testservers/gcsfake"
 	"github.com/dlock-dev/dlock/server/servertest"
 )
 
@@ -87,6 +92,30 @@ func BenchmarkSideBySide(b *testing.B) {
 			u := strings.Replace(pg.URL(), "postgres://", "pgadvisory://", 1)
 			stores, pids[u] = append(stores, u), pg.PID()
 		}
+	}
+	if want("azblob") {
+		// Azurite, the emulator: its figures say nothing about Azure's latency.
+		az := testservers.StartAzurite(b)
+		u := az.URL("bench")
+		stores, pids[u] = append(stores, u), az.PID()
+	}
+	if want("consul") {
+		// Consul v1.16.0, one server agent (Raft on /dev/shm, as in the tests).
+		c := testservers.StartConsul(b)
+		stores, pids[c.URL()] = append(stores, c.URL()), c.PID()
+	}
+	if want("dynamodb") {
+		// dynalite, the emulator: its figures say nothing about DynamoDB's latency.
+		dl := testservers.StartDynalite(b)
+		testservers.UseDynaliteEnv(b)
+		u := dl.URL("dlock_bench") + "&create_table=true"
+		stores, pids[u] = append(stores, u), dl.PID()
+	}
+	if want("gcs") {
+		// fake-gcs-server, the emulator, in this process (no server PID):
+		// its figures say nothing about Cloud Storage's latency.
+		g := gcsfake.Start(b, "dlock-bench")
+		stores = append(stores, g.URL("dlock-bench", "bench"))
 	}
 	for range b.N {
 		rep, err := Run(b.Context(), Config{

@@ -21,8 +21,12 @@ import (
 
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/driver"
+	_ "github.com/dlock-dev/dlock/drivers/azblobdriver"   // azblob://
+	_ "github.com/dlock-dev/dlock/drivers/consuldriver"   // consul://
 	"github.com/dlock-dev/dlock/drivers/dlockddriver"     // dlockd://
+	_ "github.com/dlock-dev/dlock/drivers/dynamodbdriver" // dynamodb://
 	_ "github.com/dlock-dev/dlock/drivers/etcddriver"     // etcd://
+	_ "github.com/dlock-dev/dlock/drivers/gcsdriver"      // gs://
 	_ "github.com/dlock-dev/dlock/drivers/memdriver"      // mem:// (in-process only)
 	_ "github.com/dlock-dev/dlock/drivers/pgadvisory"     // pgadvisory://
 	_ "github.com/dlock-dev/dlock/drivers/pgdriver"       // postgres://

@@ -1,0 +1,3 @@
+module github.com/hashicorp/consul/troubleshoot
+
+go 1.20
