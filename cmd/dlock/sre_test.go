@@ -603,7 +603,7 @@ func TestErrors_SayWhatToDo(t *testing.T) {
 	}
 	res = dlock(t, "http://127.0.0.1:7450", "status", "k")
 	wantCode(t, res, 64)
-	if !strings.Contains(res.stderr, "dlockd, etcd") || strings.Contains(res.stderr, "import") {
+	if !strings.Contains(res.stderr, "dlockd, dynamodb, etcd") || strings.Contains(res.stderr, "import") {
 		t.Fatalf("--store http://: %q, want the supported schemes (and nothing about imports)", res.stderr)
 	}
 	res = dlock(t, "mem://", "run", "k", "ls", "-la")
