@@ -102,7 +102,7 @@ func (a *api) acquireIn(req *dlockv1.AcquireRequest) (acquireIn, error) {
 	if err != nil {
 		return acquireIn{}, err
 	}
-	in := acquireIn{key: req.GetKey(), owner: req.GetOwner(), holder: req.GetHolder(), session: req.GetSession(), ttl: ttl, wait: req.GetWait()}
+	in := acquireIn{key: req.GetKey(), owner: req.GetOwner(), holder: req.GetHolder(), session: req.GetSession(), ttl: ttl, wait: req.GetWait(), shared: req.GetShared(), limit: req.GetLimit()}
 	if d := req.GetLockDelay(); d != nil {
 		if err := d.CheckValid(); err != nil || d.AsDuration() < 0 {
 			return acquireIn{}, apiErr(codes.InvalidArgument, ReasonInvalidRequest, "invalid lock_delay %v: want a duration from 0 to the TTL", d.AsDuration())
@@ -249,6 +249,9 @@ func holderPB(h holderOut) *dlockv1.HolderInfo {
 	if h.hasRemaining {
 		p.Remaining = durationpb.New(h.remaining)
 	}
+	if h.shared {
+		p.Shared, p.Limit, p.Holders, p.LostGrants = true, uint32(h.limit), uint32(min(h.holders, 1<<31)), uint32(min(h.delayed, 1<<31))
+	}
 	return p
 }
 
@@ -268,7 +271,11 @@ func (a *api) Inspect(ctx context.Context, req *dlockv1.InspectRequest) (*dlockv
 		}
 		return r, nil
 	}
-	return &dlockv1.InspectResponse{Held: true, Info: holderPB(h), Waiters: uint32(min(h.waiters, 1<<31))}, nil
+	r := &dlockv1.InspectResponse{Held: true, Info: holderPB(h), Waiters: uint32(min(h.waiters, 1<<31))}
+	for i := 0; i < len(h.grants) && i < maxInspectGrants; i++ {
+		r.Grants = append(r.Grants, holderPB(h.grants[i]))
+	}
+	return r, nil
 }
 
 // List implements dlockv1.LockServer.
@@ -302,17 +309,29 @@ func (a *api) ForceRelease(ctx context.Context, req *dlockv1.ForceReleaseRequest
 	if err != nil {
 		return nil, err
 	}
-	return &dlockv1.ForceReleaseResponse{Removed: holderPB(h), NextFence: next}, nil
+	return &dlockv1.ForceReleaseResponse{Removed: holderPB(h), NextFence: next, RemovedGrants: uint32(max(h.removedGrants, 1))}, nil
 }
+
+// maxWatchKeys is the most keys one Watch stream may watch.
+const maxWatchKeys = 100
 
 // Watch implements dlockv1.LockServer. With an auth file, any
 // authenticated caller may watch; it is sent the events of the keys it may
-// lock or read only (auth.go).
+// lock or read only (auth.go). Each watched key (WatchRequest.keys) gets a
+// CHANGED event whenever an applied batch changed its grants.
 func (a *api) Watch(req *dlockv1.WatchRequest, stream dlockv1.Lock_WatchServer) error {
 	if err := checkToken("session", req.GetSession()); err != nil {
 		return err
 	}
-	sub := a.s.sessions.subscribe(req.GetSession(), a.s.cfg.MaxWatchBacklog)
+	if len(req.GetKeys()) > maxWatchKeys {
+		return apiErr(codes.InvalidArgument, ReasonInvalidRequest, "watch: %d keys > %d", len(req.GetKeys()), maxWatchKeys)
+	}
+	for _, k := range req.GetKeys() {
+		if err := a.s.checkKey(k); err != nil {
+			return err
+		}
+	}
+	sub := a.s.sessions.subscribe(req.GetSession(), a.s.cfg.MaxWatchBacklog, req.GetKeys()...)
 	defer a.s.sessions.unsubscribe(req.GetSession(), sub)
 	if err := stream.Send(&dlockv1.WatchEvent{Type: dlockv1.WatchEvent_READY}); err != nil {
 		return err
@@ -324,6 +343,12 @@ func (a *api) Watch(req *dlockv1.WatchRequest, stream dlockv1.Lock_WatchServer) 
 			for i := range evs {
 				ev := &evs[i]
 				if !a.s.allowed(stream.Context(), PermLock, ev.key) && !a.s.allowed(stream.Context(), PermRead, ev.key) {
+					continue
+				}
+				if ev.kind == evKeyChanged {
+					if err := stream.Send(&dlockv1.WatchEvent{Type: dlockv1.WatchEvent_CHANGED, Key: ev.key}); err != nil {
+						return err
+					}
 					continue
 				}
 				if err := stream.Send(&dlockv1.WatchEvent{Type: dlockv1.WatchEvent_LOST, Key: ev.key, Owner: ev.owner, Fence: ev.fence, Reason: ev.reason.String()}); err != nil {

@@ -41,6 +41,9 @@ type lease struct {
 	// entry replayed after a restart, so granted is then, not the grant:
 	// the grant is older than it says.
 	restored bool
+	// shared: the countdown of a Shared grant, or of the lock-delay of a
+	// lost one (owner set), kept in leaseClock.shared by (key, owner).
+	shared bool
 }
 
 // suspectAfter is how long, in nanoseconds, a grant of TTL ttl may go
@@ -89,7 +92,9 @@ func (h *leaseHeap) Pop() any {
 	return l
 }
 
-// leaseClock keeps a countdown per held key and per key in a lock-delay,
+// leaseClock keeps a countdown per held key and per key in a lock-delay
+// (and per Shared grant and per lost one in its lock-delay, by key and
+// owner: leaseClock.shared),
 // fed by the FSM's events on every node; only the leader's is used to
 // expire, to release unclaimed handovers, to end lock-delays, to mark
 // grants suspect and to renew. A restored table, and every new term of
@@ -115,8 +120,11 @@ type leaseClock struct {
 
 	mu    sync.Mutex
 	byKey map[string]*lease
-	heap  leaseHeap
-	wake  chan struct{} // buffered 1: the earliest deadline may have moved
+	// shared holds the countdowns of Shared grants (and of their
+	// lock-delays) by key and owner: a key has many (shared.go).
+	shared map[keyOwner]*lease
+	heap   leaseHeap
+	wake   chan struct{} // buffered 1: the earliest deadline may have moved
 
 	graceTerm uint64       // the term of leadership the grace entries belong to
 	grace     []graceEntry // sorted by end of grace
@@ -132,7 +140,31 @@ type graceEntry struct {
 }
 
 func newLeaseClock(now func() time.Time, claimWindow time.Duration) *leaseClock {
-	return &leaseClock{now: now, epoch: now(), claimWindow: claimWindow, byKey: make(map[string]*lease), wake: make(chan struct{}, 1)}
+	return &leaseClock{now: now, epoch: now(), claimWindow: claimWindow, byKey: make(map[string]*lease), shared: make(map[keyOwner]*lease), wake: make(chan struct{}, 1)}
+}
+
+// grantLease returns the countdown of owner's grant on key (its Shared
+// grant when shared), not a lock-delay's, with c.mu held; nil when none.
+func (c *leaseClock) grantLease(key, owner string, shared bool) *lease {
+	var l *lease
+	if shared {
+		l = c.shared[keyOwner{key, owner}]
+	} else {
+		l = c.byKey[key]
+	}
+	if l == nil || l.delay || l.owner != owner {
+		return nil
+	}
+	return l
+}
+
+// lookup returns the countdown of owner's grant on key, Exclusive or
+// Shared (an owner token holds at most one), with c.mu held; nil when none.
+func (c *leaseClock) lookup(key, owner string) *lease {
+	if l := c.grantLease(key, owner, false); l != nil {
+		return l
+	}
+	return c.grantLease(key, owner, true)
 }
 
 // at converts a time to a deadline; toTime converts back.
@@ -146,8 +178,18 @@ func (c *leaseClock) poke() {
 	}
 }
 
-// put replaces key's countdown with l, with c.mu held.
+// put replaces key's countdown (for a Shared one, key's and owner's)
+// with l, with c.mu held.
 func (c *leaseClock) put(l *lease) {
+	if l.shared {
+		ko := keyOwner{l.key, l.owner}
+		if old := c.shared[ko]; old != nil && old.idx >= 0 {
+			heap.Remove(&c.heap, int(old.idx))
+		}
+		c.shared[ko] = l
+		heap.Push(&c.heap, l)
+		return
+	}
 	if old := c.byKey[l.key]; old != nil && old.idx >= 0 {
 		heap.Remove(&c.heap, int(old.idx))
 	}
@@ -159,6 +201,10 @@ func (c *leaseClock) put(l *lease) {
 func (c *leaseClock) drop(l *lease) {
 	if l.idx >= 0 {
 		heap.Remove(&c.heap, int(l.idx))
+	}
+	if l.shared {
+		delete(c.shared, keyOwner{l.key, l.owner})
+		return
 	}
 	delete(c.byKey, l.key)
 }
@@ -180,13 +226,13 @@ func (c *leaseClock) apply(evs []event) {
 		ev := &evs[i]
 		switch ev.kind {
 		case evGranted:
-			l := &lease{key: ev.key, owner: ev.owner, fence: ev.fence, ttl: ev.ttl, restart: max(ev.restartTTL, ev.ttl), version: ev.version, deadline: now + int64(ev.ttl), checkAt: now + suspectAfter(ev.ttl), granted: now, restored: ev.fence <= c.replayTo}
+			l := &lease{key: ev.key, owner: ev.owner, fence: ev.fence, ttl: ev.ttl, restart: max(ev.restartTTL, ev.ttl), version: ev.version, deadline: now + int64(ev.ttl), checkAt: now + suspectAfter(ev.ttl), granted: now, restored: ev.version <= c.replayTo, shared: ev.shared}
 			if ev.handoff && c.claimWindow > 0 {
 				l.claimBy = now + int64(c.claimWindow)
 			}
 			c.put(l)
 		case evRemoved:
-			if l := c.byKey[ev.key]; l != nil && !l.delay && l.owner == ev.owner {
+			if l := c.grantLease(ev.key, ev.owner, ev.shared); l != nil {
 				if c.ended != nil && !l.restored {
 					c.ended(time.Duration(now - l.granted))
 				}
@@ -201,7 +247,7 @@ func (c *leaseClock) apply(evs []event) {
 			// leases in the package doc). A deadline never moves earlier:
 			// a shorter TTL must not bring forward an end already
 			// acknowledged.
-			if l := c.byKey[ev.key]; l != nil && !l.delay && l.owner == ev.owner {
+			if l := c.grantLease(ev.key, ev.owner, ev.shared); l != nil {
 				l.ttl = ev.ttl
 				l.restart = max(ev.restartTTL, ev.ttl)
 				l.version = ev.version
@@ -216,13 +262,17 @@ func (c *leaseClock) apply(evs []event) {
 			// The table now holds the grant's time left: a new leader
 			// restarts the countdown with it. The leader that logged it
 			// marked the grant suspect already.
-			if l := c.byKey[ev.key]; l != nil && !l.delay && l.owner == ev.owner && l.version == ev.version {
+			if l := c.grantLease(ev.key, ev.owner, ev.shared); l != nil && l.version == ev.version {
 				l.logged, l.loggedLeft = true, ev.ttl
 			}
 		case evDelayed:
-			c.put(&lease{key: ev.key, ttl: ev.ttl, version: ev.version, deadline: now + int64(ev.ttl), delay: true})
+			c.put(&lease{key: ev.key, owner: ev.owner, ttl: ev.ttl, version: ev.version, deadline: now + int64(ev.ttl), delay: true, shared: ev.shared})
 		case evDelayEnded:
-			if l := c.byKey[ev.key]; l != nil && l.delay && l.version == ev.version {
+			l := c.byKey[ev.key]
+			if ev.shared {
+				l = c.shared[keyOwner{ev.key, ev.owner}]
+			}
+			if l != nil && l.delay && l.version == ev.version {
 				c.drop(l)
 			}
 		}
@@ -260,14 +310,19 @@ func (c *leaseClock) reset(state []event) {
 	now := c.at(c.now())
 	c.mu.Lock()
 	c.byKey = make(map[string]*lease, len(state))
+	c.shared = make(map[keyOwner]*lease)
 	c.heap = make(leaseHeap, 0, len(state))
 	for _, ev := range state {
-		l := &lease{key: ev.key, owner: ev.owner, fence: ev.fence, ttl: ev.ttl, restart: max(ev.restartTTL, ev.ttl), version: ev.version, idx: int32(len(c.heap)), delay: ev.kind == evDelayed, granted: now, restored: true}
+		l := &lease{key: ev.key, owner: ev.owner, fence: ev.fence, ttl: ev.ttl, restart: max(ev.restartTTL, ev.ttl), version: ev.version, idx: int32(len(c.heap)), delay: ev.kind == evDelayed, granted: now, restored: true, shared: ev.shared}
 		if ev.suspect {
 			l.logged, l.loggedLeft = true, ev.left
 		}
 		l.restartAt(now)
-		c.byKey[ev.key] = l
+		if ev.shared {
+			c.shared[keyOwner{ev.key, ev.owner}] = l
+		} else {
+			c.byKey[ev.key] = l
+		}
 		c.heap = append(c.heap, l)
 	}
 	heap.Init(&c.heap)
@@ -287,6 +342,11 @@ func (c *leaseClock) restartAll() {
 	c.mu.Lock()
 	c.heap = c.heap[:0]
 	for _, l := range c.byKey {
+		l.restartAt(now)
+		l.idx = int32(len(c.heap))
+		c.heap = append(c.heap, l)
+	}
+	for _, l := range c.shared {
 		l.restartAt(now)
 		l.idx = int32(len(c.heap))
 		c.heap = append(c.heap, l)
@@ -315,8 +375,8 @@ func (c *leaseClock) renew(key, owner string, ttl time.Duration, t time.Time) re
 	now := c.at(t)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	l := c.byKey[key]
-	if l == nil || l.delay || l.owner != owner || l.expiring || now >= l.deadline || (l.claimBy != 0 && now >= l.claimBy) {
+	l := c.lookup(key, owner)
+	if l == nil || l.expiring || now >= l.deadline || (l.claimBy != 0 && now >= l.claimBy) {
 		return renewLost
 	}
 	if l.suspect || (ttl != 0 && ttl != l.ttl) {
@@ -329,14 +389,26 @@ func (c *leaseClock) renew(key, owner string, ttl time.Duration, t time.Time) re
 	return renewOK
 }
 
-// remaining returns the time left on the countdown of key's grant with
-// fence, if this node has it.
+// remaining returns the time left on the countdown of key's Exclusive
+// grant with fence, if this node has it.
 func (c *leaseClock) remaining(key string, fence uint64) (time.Duration, bool) {
+	c.mu.Lock()
+	l := c.byKey[key]
+	c.mu.Unlock()
+	if l == nil || l.delay {
+		return 0, false
+	}
+	return c.remainingOf(key, l.owner, fence)
+}
+
+// remainingOf returns the time left on the countdown of owner's grant
+// (Exclusive or Shared) on key with fence, if this node has it.
+func (c *leaseClock) remainingOf(key, owner string, fence uint64) (time.Duration, bool) {
 	now := c.at(c.now())
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	l := c.byKey[key]
-	if l == nil || l.delay || l.fence != fence {
+	l := c.lookup(key, owner)
+	if l == nil || l.fence != fence {
 		return 0, false
 	}
 	return time.Duration(max(l.deadline-now, 0)), true
@@ -347,12 +419,12 @@ func (c *leaseClock) remaining(key string, fence uint64) (time.Duration, bool) {
 // since then) and
 // the time left on its countdown, if this node has it. Only the leader's
 // time left counts: renewals move the leader's countdown alone.
-func (c *leaseClock) held(key string, fence uint64) (age, left time.Duration, restored, ok bool) {
+func (c *leaseClock) held(key, owner string, fence uint64) (age, left time.Duration, restored, ok bool) {
 	now := c.at(c.now())
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	l := c.byKey[key]
-	if l == nil || l.delay || l.fence != fence {
+	l := c.lookup(key, owner)
+	if l == nil || l.fence != fence {
 		return 0, 0, false, false
 	}
 	return time.Duration(max(now-l.granted, 0)), time.Duration(max(l.deadline-now, 0)), l.restored, true
@@ -370,12 +442,25 @@ func (c *leaseClock) delayRemaining(key string) (time.Duration, bool) {
 	return time.Duration(max(l.deadline-now, 0)), true
 }
 
+// sharedDelayRemaining returns the time left on the lock-delay of owner's
+// lost Shared grant on key, if one runs.
+func (c *leaseClock) sharedDelayRemaining(key, owner string) (time.Duration, bool) {
+	now := c.at(c.now())
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l := c.shared[keyOwner{key, owner}]
+	if l == nil || !l.delay {
+		return 0, false
+	}
+	return time.Duration(max(l.deadline-now, 0)), true
+}
+
 // isSuspect reports whether owner's grant on key is marked suspect.
 func (c *leaseClock) isSuspect(key, owner string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	l := c.byKey[key]
-	return l != nil && !l.delay && l.owner == owner && l.suspect
+	l := c.lookup(key, owner)
+	return l != nil && l.suspect
 }
 
 // fireKind is what the leader must propose for a countdown that ran out.
@@ -448,7 +533,11 @@ func (c *leaseClock) retry(fs []fired, delay time.Duration) {
 		if f.kind == fireSuspect {
 			continue
 		}
-		if l := c.byKey[f.x.key]; l != nil && l.owner == f.x.owner && l.version == f.x.version && l.expiring {
+		l := c.byKey[f.x.key]
+		if l == nil || l.owner != f.x.owner {
+			l = c.shared[keyOwner{f.x.key, f.x.owner}]
+		}
+		if l != nil && l.owner == f.x.owner && l.version == f.x.version && l.expiring {
 			l.expiring = false
 			l.deadline = max(l.deadline, at)
 			if l.claimBy != 0 {
@@ -465,7 +554,7 @@ func (c *leaseClock) retry(fs []fired, delay time.Duration) {
 func (c *leaseClock) size() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.byKey)
+	return len(c.byKey) + len(c.shared)
 }
 
 // setGrace replaces the waiter grace with entries, for the given term of

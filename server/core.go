@@ -190,6 +190,10 @@ type acquireIn struct {
 	wait                        bool
 	lockDelay                   time.Duration // with hasLockDelay: the request's own lock-delay
 	hasLockDelay                bool
+	// shared asks for a Shared grant of limit permits (0: any number, the
+	// read side of a read-write lock); see shared.go.
+	shared bool
+	limit  uint32
 }
 
 // acquireOut is a grant.
@@ -228,6 +232,12 @@ func (s *Server) validateAcquire(in *acquireIn) error {
 		return err
 	}
 	switch {
+	case !in.shared && in.limit != 0:
+		return apiErr(codes.InvalidArgument, ReasonInvalidRequest, "invalid limit %d: an exclusive acquisition has no permit limit (set shared, or leave limit 0)", in.limit)
+	case in.limit > MaxPermits:
+		return apiErr(codes.InvalidArgument, ReasonInvalidRequest, "invalid limit %d: want 0 (any number of shared grants) to %d permits", in.limit, MaxPermits)
+	}
+	switch {
 	case !in.hasLockDelay:
 		in.lockDelay = min(s.cfg.LockDelay, in.ttl)
 	case in.lockDelay < 0 || in.lockDelay > in.ttl:
@@ -252,7 +262,10 @@ func (s *Server) acquire(ctx context.Context, in acquireIn, cancel <-chan struct
 	if err := s.writable(); err != nil {
 		return acquireOut{}, err
 	}
-	if !in.wait && s.refusedLocally(in.key, in.owner) {
+	if err := s.checkLimit(&in); err != nil {
+		return acquireOut{}, err
+	}
+	if !in.wait && s.fsm.wouldRefuse(in.key, in.owner, in.shared, int(in.limit)) {
 		// The local table says no: confirm it linearizably (still the
 		// leader, everything committed applied), then refuse without a log
 		// entry. A key that looks free goes straight to the log, which
@@ -260,7 +273,7 @@ func (s *Server) acquire(ctx context.Context, in acquireIn, cancel <-chan struct
 		if err := s.readBarrier(); err != nil {
 			return acquireOut{}, err
 		}
-		if v, ok := s.fsm.peek(in.key, in.owner); ok && (!v.held || v.grant.owner != in.owner) {
+		if v, ok := s.fsm.peek(in.key, in.owner); ok && s.fsm.wouldRefuse(in.key, in.owner, in.shared, int(in.limit)) {
 			s.lockMetrics.contended.Inc()
 			return acquireOut{}, s.refusal(in.key, v)
 		}
@@ -276,7 +289,7 @@ func (s *Server) acquire(ctx context.Context, in acquireIn, cancel <-chan struct
 	}
 	r, err := s.propose(&command{
 		op: opAcquire, key: in.key, owner: in.owner, holder: in.holder, session: in.session,
-		ttl: in.ttl, lockDelay: in.lockDelay, wait: in.wait,
+		ttl: in.ttl, lockDelay: in.lockDelay, wait: in.wait, shared: in.shared, limit: uint64(in.limit),
 		maxWaiters: uint64(s.cfg.MaxWaitersPerKey), maxLeases: uint64(s.cfg.MaxLeases), maxTotalWaiters: uint64(s.cfg.MaxWaiters),
 	})
 	if err != nil {
@@ -304,6 +317,8 @@ func (s *Server) acquire(ctx context.Context, in acquireIn, cancel <-chan struct
 		return acquireOut{}, apiErr(codes.ResourceExhausted, ReasonTooManyWaiters, "acquire %q: the server holds its maximum of %d queue entries", in.key, s.cfg.MaxWaiters)
 	case resTooManyLeases:
 		return acquireOut{}, apiErr(codes.ResourceExhausted, ReasonTooManyLeases, "acquire %q: server holds its maximum of %d leases", in.key, s.cfg.MaxLeases)
+	case resBadLimit:
+		return acquireOut{}, apiErr(codes.InvalidArgument, ReasonLimitMismatch, "acquire %q: the key's shared grants have a permit limit of %s, not %s", in.key, limitText(r.limit), limitText(int(in.limit)))
 	case resQueued:
 		if w == nil { // cannot happen: a try of a queued owner is refused by the FSM
 			return acquireOut{}, apiErr(codes.Internal, ReasonInternal, "acquire %q: queued without waiting", in.key)
@@ -351,17 +366,12 @@ func (s *Server) acquire(ctx context.Context, in acquireIn, cancel <-chan struct
 	return acquireOut{}, why
 }
 
-// refusedLocally reports whether this node's table would refuse a try of
-// key by owner: held by another owner, in a lock-delay, or waited for by
-// owner already.
-func (s *Server) refusedLocally(key, owner string) bool {
-	v, ok := s.fsm.peek(key, owner)
-	return ok && (!v.held || v.grant.owner != owner)
-}
-
 // refusal is the answer to a try that found key held by another owner, in a
 // lock-delay, or already waited for by the same owner.
 func (s *Server) refusal(key string, v holderView) error {
+	if v.shared || v.delayed > 0 {
+		return sharedRefusal(key, v)
+	}
 	if !v.held {
 		if left, ok := s.clock.delayRemaining(key); ok {
 			return apiErr(codes.FailedPrecondition, ReasonLockHeld, "acquire %q: lock held (in its lock-delay after a lost grant, %v left)", key, left.Round(time.Millisecond))
@@ -535,16 +545,31 @@ type holderOut struct {
 	waiters      int
 	delayLeft    time.Duration // not held: the lock-delay's time left
 	inDelay      bool
+	// A Shared key (shared.go): its permit limit (0: any number), its
+	// live Shared grants (the fields above describe the oldest), those
+	// lost and in their lock-delay, and (inspect) each live one.
+	shared        bool
+	limit         int
+	holders       int
+	delayed       int
+	grants        []holderOut
+	removedGrants int // force release: the grants removed
 }
 
 func (s *Server) describe(v holderView) holderOut {
 	h := holderOut{key: v.key, fence: v.grant.fence, holder: v.grant.holder, ttl: v.grant.ttl, waiters: v.waiters}
 	if !v.held {
 		h.delayLeft, _ = s.clock.delayRemaining(v.key)
+		for _, o := range v.lostOwners { // only lost Shared grants: the longest of their lock-delays
+			if left, ok := s.clock.sharedDelayRemaining(v.key, o); ok {
+				h.delayLeft = max(h.delayLeft, left)
+			}
+		}
 		h.inDelay = true
 		return h
 	}
-	h.remaining, h.hasRemaining = s.clock.remaining(v.key, v.grant.fence)
+	h.remaining, h.hasRemaining = s.clock.remainingOf(v.key, v.grant.owner, v.grant.fence)
+	s.describeShared(v, &h)
 	return h
 }
 
@@ -564,7 +589,9 @@ func (s *Server) inspect(key string) (holderOut, bool, error) {
 	return s.describe(v), v.held, nil
 }
 
-// list describes up to limit held keys starting with prefix, sorted, from
+// list describes up to limit held keys starting with prefix, sorted (a key
+// with Shared grants as one entry per live grant, by fence, never split
+// over pages: limit counts entries, and a page holds at least one key), from
 // the page that pageToken names (empty: the first), and returns the token of
 // the next page ("" after the last). Its cost is the page's, not the
 // table's: the FSM walks its ordered key index. With an auth file it scans
@@ -591,9 +618,16 @@ func (s *Server) list(ctx context.Context, prefix, pageToken string, limit int) 
 	// Only the ranges the caller may read are scanned (auth.go), so the
 	// page and its token name readable keys alone.
 	vs, more := s.fsm.listIn(s.readRanges(ctx, prefix), after, limit)
-	out := make([]holderOut, len(vs))
-	for i, v := range vs {
-		out[i] = s.describe(v)
+	out := make([]holderOut, 0, len(vs))
+	for _, v := range vs {
+		h := s.describe(v)
+		if !h.shared || len(h.grants) == 0 {
+			out = append(out, h)
+			continue
+		}
+		// A key with Shared grants: one entry per live grant, by fence
+		// (at most maxInspectGrants; each says how many there are).
+		out = append(out, h.grants[:min(len(h.grants), maxInspectGrants)]...)
 	}
 	next := ""
 	if more && len(vs) > 0 {
@@ -631,6 +665,11 @@ func (s *Server) checkFence(key string, fence uint64) (bool, uint64, error) {
 	if !ok || !v.held {
 		return false, 0, nil
 	}
+	for _, g := range v.grants { // a Shared key: any of its live grants is current
+		if g.fence == fence {
+			return true, fence, nil
+		}
+	}
 	return v.grant.fence == fence, v.grant.fence, nil
 }
 
@@ -664,7 +703,7 @@ func (s *Server) forceRelease(key, reason string) (holderOut, uint64, error) {
 		return holderOut{}, 0, apiErr(codes.NotFound, ReasonNotHeld, "force release %q: not held", key)
 	}
 	g := r.removed
-	s.lockMetrics.forceReleased.Inc()
-	s.log.Info("dlockd: grant force-released", "key", key, "fence", g.fence, "holder", g.holder, "reason", reason, "next_fence", r.fence)
-	return holderOut{key: key, fence: g.fence, holder: g.holder, ttl: g.ttl}, r.fence, nil
+	s.lockMetrics.forceReleased.Add(float64(max(r.nremoved, 1)))
+	s.log.Info("dlockd: grant force-released", "key", key, "fence", g.fence, "holder", g.holder, "reason", reason, "next_fence", r.fence, "grants", max(r.nremoved, 1))
+	return holderOut{key: key, fence: g.fence, holder: g.holder, ttl: g.ttl, removedGrants: r.nremoved}, r.fence, nil
 }

@@ -25,11 +25,50 @@
 // raft.db. A data directory whose log is in raft.db (written by an earlier
 // version) keeps its log there. Snapshots are files in the same directory.
 //
-// The fence of a grant is the Raft log index of the entry that made it, so
-// a key's fences are strictly increasing, never reused, and survive
-// restarts. Fences of different keys are not comparable and may be equal:
-// one entry (an expiry or unclaimed release of several keys) hands each key
-// to its head waiter with the entry's index.
+// The fence of a grant is the Raft log index of the entry that made it, or,
+// when an earlier grant took that number already (one entry can grant
+// several Shared grants, below), one more than the greatest fence issued
+// (the FSM's lastFence: fence = max(index, lastFence+1)). So every grant has
+// its own fence, a key's fences are strictly increasing in grant order,
+// never reused, and survive restarts (lastFence is replayed from the log
+// and kept in snapshots; a snapshot written before it existed restores it
+// as its greatest fence, which was an index no greater than the snapshot's).
+// While no Shared grant was ever made, fences are exactly the indexes, as
+// before. Fences are unique server-wide, but only a key's are ordered for a
+// resource to compare.
+//
+// # Shared grants
+//
+// A key holds either one Exclusive grant (a plain lock), or Shared grants
+// (AcquireRequest.shared): up to the key's permit limit of them (a
+// semaphore's permits, 1 to MaxPermits), or any number when the limit is 0
+// (the readers of a read-write lock). Every Shared grant is a grant as
+// above: its own owner token, TTL, countdown and version, claim window,
+// suspect mark, fence and session, renewed, released, expired, cancelled
+// and purged by (key, owner) through the same commands, and counted as one
+// lease against MaxLeases. The key's queue is FIFO over both kinds: the head
+// is granted as soon as the grants held allow it, and one entry (a release,
+// an expiry, the end of a lock-delay, a cancelled waiter that held others
+// back) grants every head waiter it can, in order, each with its own fence.
+// A Shared request never passes a waiter (FIFO), so a waiting Exclusive
+// request holds back every later Shared one: writer preference, without
+// which a steady stream of readers starves a writer. A request whose limit
+// differs from that of the key's Shared grants or waiters is refused
+// (INVALID_ARGUMENT, LIMIT_MISMATCH, naming the key's limit): two programs
+// that disagree on the number of permits would otherwise each believe its
+// own bound. A Shared grant lost without a release (expiry) keeps its permit
+// taken, and the key closed to Exclusive grants, for its lock-delay, the
+// same protection for in-flight writes as a plain lock's; opEndSharedDelay
+// frees it. A force release removes every grant of the key (its oldest is
+// answered, with their number) and the key then runs the longest lock-delay
+// among them. Inspect of a Shared key describes its oldest live grant with
+// the count and limit, and lists each live grant; List shows the key once.
+// Shared acquisitions are written as version-3 commands; every other
+// command is still written at version 2, and a snapshot of a table without
+// Shared grants is still written in the v3 snapshot format, so that members
+// that predate Shared grants keep reading the log and snapshots of a
+// cluster that makes none. Upgrade every member before the first Shared
+// acquisition: an older member cannot apply it.
 //
 // A release, an expiry or a cancelled grant hands the key to the head waiter
 // in the same log entry, and the waiter's request is answered when that entry
@@ -236,6 +275,18 @@
 // kept), only while the node is still the leader of the same term. A key
 // handed over during the grace to a waiter that has not reconnected is
 // governed by the claim window (see Claims), as any handover (grace.go).
+//
+// A retried acquisition by a holder's owner token (its answer was lost, or
+// Locker.Resume from a restarted process) renews the grant through the log
+// and, when it names a session, binds the grant to it, so that the grant's
+// loss is pushed to the Watch stream of the process that holds it now.
+//
+// A Watch stream may also name keys (WatchRequest.keys, at most 100): it
+// then hears CHANGED for each of them once per applied batch that made or
+// ended a grant of it or started or ended its lock-delay (and for all of
+// them after a restore). It is a hint to read the key again, as a
+// ZooKeeper watch is (election.Observe uses it); a reader that falls
+// behind is cut off with WATCH_BACKLOG_FULL, as for LOST.
 //
 // # Group commit
 //

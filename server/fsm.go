@@ -30,6 +30,9 @@ const (
 	opRemoveMember opcode = 12 // members registry: remove node key
 	opSuspect      opcode = 13 // leader logs the time left of grants unrenewed for part of their TTL (suspect leases)
 	opPurgeIdle    opcode = 14 // new leader removes queue entries not re-attached within their grace
+	// opEndSharedDelay: the lock-delay of a lost Shared grant (its permit
+	// stays taken meanwhile) has run out: free the permit (shared.go).
+	opEndSharedDelay opcode = 15
 )
 
 // keyOwner names one grant or one queue entry.
@@ -81,15 +84,31 @@ type command struct {
 	expiries        []expiry
 	suspects        []suspectMark // opSuspect
 	idle            []idleEntry   // opPurgeIdle
+	// shared, limit: acquire of a Shared grant (a permit of a semaphore of
+	// limit permits, or a reader when limit is 0); entries of version 3.
+	shared bool
+	limit  uint64
 }
 
 // commandVersion 2 added lock-delays, the total-waiters limit and grant
-// versions in expiries; entries of version 1 still decode.
-const commandVersion = 2
+// versions in expiries; entries of version 1 still decode. Version 3 adds
+// Shared acquisitions (shared, limit) and opEndSharedDelay; every other
+// command is still written at version 2, byte for byte as before, so that
+// plain locks need no upgrade of the members that read them.
+const commandVersion = 3
+
+// encVersion returns the encoding version c needs.
+func (c *command) encVersion() byte {
+	if (c.op == opAcquire && c.shared) || c.op == opEndSharedDelay {
+		return 3
+	}
+	return 2
+}
 
 func (c *command) encode() []byte {
 	e := enc{b: make([]byte, 0, 40+len(c.key)+len(c.owner)+len(c.holder)+len(c.session))}
-	e.byte1(commandVersion)
+	v := c.encVersion()
+	e.byte1(v)
 	e.byte1(byte(c.op))
 	switch c.op {
 	case opAcquire:
@@ -103,6 +122,14 @@ func (c *command) encode() []byte {
 		e.u64(c.maxLeases)
 		e.dur(c.lockDelay)
 		e.u64(c.maxTotalWaiters)
+		if v >= 3 {
+			e.boolean(c.shared)
+			e.u64(c.limit)
+		}
+	case opEndSharedDelay:
+		e.str(c.key)
+		e.str(c.owner)
+		e.u64(c.version)
 	case opRelease, opCancelWait:
 		e.str(c.key)
 		e.str(c.owner)
@@ -156,7 +183,7 @@ func decodeCommand(b []byte) (command, error) {
 	d := dec{b: b}
 	var c command
 	v := d.byte1()
-	if d.err == nil && v != 1 && v != commandVersion {
+	if d.err == nil && (v < 1 || v > commandVersion) {
 		return c, errCorrupt
 	}
 	c.op = opcode(d.byte1())
@@ -174,6 +201,20 @@ func decodeCommand(b []byte) (command, error) {
 			c.lockDelay = d.dur()
 			c.maxTotalWaiters = d.u64()
 		}
+		if v >= 3 {
+			c.shared = d.boolean()
+			c.limit = d.u64()
+			if !c.shared && c.limit != 0 {
+				return c, errCorrupt
+			}
+		}
+	case opEndSharedDelay:
+		if v < 3 {
+			return c, errCorrupt
+		}
+		c.key = d.str()
+		c.owner = d.str()
+		c.version = d.u64()
 	case opRelease, opCancelWait:
 		c.key = d.str()
 		c.owner = d.str()
@@ -263,6 +304,7 @@ const (
 	resBadCommand                       // the entry did not decode; nothing changed
 	resDelayed                          // acquire: key in its lock-delay, not waiting
 	resTooManyQueued                    // acquire: the server holds its maximum of queue entries
+	resBadLimit                         // acquire (Shared): the key's permit limit differs (applyResult.limit)
 )
 
 // applyResult is what Apply returns for one log entry.
@@ -273,7 +315,9 @@ type applyResult struct {
 	position int           // acquire queued: 1-based queue position
 	dequeued bool          // cancel: a queue entry was removed
 	released bool          // cancel: a raced grant was released
-	removed  grant         // force release: the grant removed
+	removed  grant         // force release: the grant removed (a Shared key: its oldest grant)
+	limit    int           // resBadLimit: the key's permit limit
+	nremoved int           // force release: the grants removed (a Shared key may have many)
 }
 
 // grant is the holder of a key.
@@ -295,6 +339,12 @@ type grant struct {
 	// suspectLeft instead of restartTTL. Cleared by the next version.
 	suspect     bool
 	suspectLeft time.Duration
+	// delayed, for a Shared grant only: the grant was lost without a
+	// release (expiry, claim window) and its lock-delay runs, from
+	// version (the entry that ended it) for lockDelay: its permit stays
+	// taken and no Exclusive grant is made, so that the lost holder's
+	// in-flight writes land first. Holder and session are cleared.
+	delayed bool
 }
 
 // waiter is one queue entry.
@@ -309,6 +359,9 @@ type waiter struct {
 	// leader's purge of entries whose grace ran out names it, and a later
 	// re-attachment makes that purge miss.
 	since uint64
+	// shared: the entry waits for a Shared grant (of the key's limit);
+	// otherwise for the Exclusive grant.
+	shared bool
 }
 
 // waitNode is one queue entry in its key's doubly linked queue.
@@ -388,6 +441,15 @@ type lockEntry struct {
 	delay        time.Duration // when !held: the lock-delay that runs
 	delayVersion uint64        // when !held: index of the entry that started the lock-delay
 	q            waitQueue
+	// shared holds the key's Shared grants by owner (nil when none): an
+	// entry holds either the Exclusive grant (held), or Shared grants, or
+	// runs a lock-delay, never two of these at once. See shared.go.
+	shared map[string]*grant
+	// limit is the key's permit limit (0: any number of Shared grants),
+	// meaningful while it has Shared grants or Shared waiters.
+	limit int
+	// nsw counts the Shared entries of q.
+	nsw int
 }
 
 // eventKind is what an applied command did, as told to the server.
@@ -452,6 +514,10 @@ type event struct {
 	// suspect with left, the time it had left.
 	suspect bool
 	left    time.Duration
+	// shared: the event is about a Shared grant (evGranted, evRemoved,
+	// evTTL, evSuspect), or the lock-delay of one lost Shared grant
+	// (evDelayed, evDelayEnded: owner set), not about the key as a whole.
+	shared bool
 }
 
 // observer hears of every change of the lock table, in log order, from the
@@ -475,7 +541,15 @@ type fsm struct {
 	strs    interner              // holder and session strings, shared by the grants that use them
 	waiting int                   // total queue entries
 	applied uint64                // index of the last entry applied
-	members map[string]member     // members registry: node ID -> API address (see cluster.go)
+	// lastFence is the greatest fence issued: a grant's fence is
+	// max(index, lastFence+1) (shared.go's nextFence), so that several
+	// grants made by one entry get distinct, increasing fences.
+	lastFence uint64
+	// nshared counts the Shared grants (lost ones in their lock-delay
+	// included), sharedKeys the entries that have some: the server's
+	// lease count is len(locks) - sharedKeys + nshared.
+	nshared, sharedKeys int
+	members             map[string]member // members registry: node ID -> API address (see cluster.go)
 
 	appliedMu   sync.Mutex
 	appliedWake chan struct{} // closed and replaced after each batch
@@ -585,6 +659,11 @@ func (f *fsm) apply(idx uint64, c *command, evs []event) (applyResult, []event) 
 		return f.acquire(idx, c, evs)
 	case opRelease:
 		e := f.locks[c.key]
+		if g := liveShared(e, c.owner); g != nil {
+			var next uint64
+			next, evs = f.endShared(idx, c.key, e, g, reasonReleased, evs)
+			return applyResult{code: resOK, fence: next}, evs
+		}
 		if e == nil || !e.held || e.grant.owner != c.owner {
 			return applyResult{code: resLost}, evs
 		}
@@ -597,29 +676,38 @@ func (f *fsm) apply(idx uint64, c *command, evs []event) (applyResult, []event) 
 			why = reasonUnclaimed
 		}
 		for _, x := range c.expiries {
-			if e := f.locks[x.key]; e != nil && e.held && e.grant.owner == x.owner && (x.version == 0 || x.version == e.grant.version) {
+			e := f.locks[x.key]
+			if e != nil && e.held && e.grant.owner == x.owner && (x.version == 0 || x.version == e.grant.version) {
 				_, evs = f.endGrant(idx, x.key, e, why, evs)
+			} else if g := liveShared(e, x.owner); g != nil && (x.version == 0 || x.version == g.version) {
+				_, evs = f.endShared(idx, x.key, e, g, why, evs)
 			}
 		}
 		return applyResult{code: resOK}, evs
 	case opForceRelease:
 		e := f.locks[c.key]
+		if e != nil && len(e.shared) > 0 {
+			return f.forceReleaseShared(idx, c.key, e, evs)
+		}
 		if e == nil || !e.held {
 			return applyResult{code: resLost}, evs
 		}
 		g := e.grant
 		var next uint64
 		next, evs = f.endGrant(idx, c.key, e, reasonForced, evs)
-		return applyResult{code: resOK, fence: next, removed: g}, evs
+		return applyResult{code: resOK, fence: next, removed: g, nremoved: 1}, evs
 	case opEndDelay:
 		e := f.locks[c.key]
-		if e == nil || e.held || e.delayVersion != c.version {
+		if e == nil || e.held || e.delayVersion == 0 || e.delayVersion != c.version {
 			return applyResult{code: resOK}, evs
 		}
 		evs = append(evs, event{kind: evDelayEnded, key: c.key, version: c.version})
+		e.delay, e.delayVersion = 0, 0
 		var next uint64
 		next, evs = f.grantNext(idx, c.key, e, evs)
 		return applyResult{code: resOK, fence: next}, evs
+	case opEndSharedDelay:
+		return f.endSharedDelay(idx, c, evs)
 	case opNoop:
 		return applyResult{code: resOK}, evs
 	case opSetMember, opRemoveMember:
@@ -646,66 +734,89 @@ func (f *fsm) apply(idx uint64, c *command, evs []event) (applyResult, []event) 
 		// (a new version) makes the mark stale. The version does not
 		// change, so an expiry proposed for it stays valid.
 		for _, x := range c.suspects {
-			if e := f.locks[x.key]; e != nil && e.held && e.grant.owner == x.owner && x.version != 0 && x.version == e.grant.version && x.left > 0 {
-				e.grant.suspect, e.grant.suspectLeft = true, x.left
-				evs = append(evs, event{kind: evSuspect, key: x.key, owner: x.owner, session: e.grant.session, fence: e.grant.fence, ttl: x.left, version: x.version})
+			e := f.locks[x.key]
+			var g *grant
+			if e != nil && e.held && e.grant.owner == x.owner {
+				g = &e.grant
+			} else {
+				g = liveShared(e, x.owner)
+			}
+			if g != nil && x.version != 0 && x.version == g.version && x.left > 0 {
+				g.suspect, g.suspectLeft = true, x.left
+				evs = append(evs, event{kind: evSuspect, key: x.key, owner: x.owner, session: g.session, fence: g.fence, ttl: x.left, version: x.version, shared: g != &e.grant})
 			}
 		}
 		return applyResult{code: resOK}, evs
 	case opSetTTL:
 		e := f.locks[c.key]
-		if e == nil || !e.held || e.grant.owner != c.owner {
-			return applyResult{code: resLost}, evs
+		g := liveShared(e, c.owner)
+		if g == nil {
+			if e == nil || !e.held || e.grant.owner != c.owner {
+				return applyResult{code: resLost}, evs
+			}
+			g = &e.grant
 		}
 		ttl := c.ttl
 		if ttl == 0 { // a renewal of a suspect grant through the log: same TTL
-			ttl = e.grant.ttl
+			ttl = g.ttl
 		}
-		evs = f.restartGrant(idx, c.key, e, ttl, evs)
+		evs = restartGrant(idx, c.key, g, g != &e.grant, ttl, evs)
 		return applyResult{code: resOK, ttl: ttl}, evs
 	}
 	return applyResult{code: resBadCommand}, evs
 }
 
-// restartGrant sets the TTL of e's grant and makes idx its version: every
-// node restarts the countdown with ttl, and expiries proposed for an
-// earlier version become stale.
-func (f *fsm) restartGrant(idx uint64, key string, e *lockEntry, ttl time.Duration, evs []event) []event {
-	e.grant.ttl = ttl
-	e.grant.restartTTL = max(e.grant.restartTTL, ttl)
-	e.grant.version = idx
-	e.grant.suspect, e.grant.suspectLeft = false, 0
-	return append(evs, event{kind: evTTL, key: key, owner: e.grant.owner, session: e.grant.session, fence: e.grant.fence, ttl: ttl, restartTTL: e.grant.restartTTL, version: idx})
+// restartGrant sets the TTL of grant g (the key's Exclusive grant, or one
+// of its Shared grants) and makes idx its version: every node restarts the
+// countdown with ttl, and expiries proposed for an earlier version become
+// stale.
+func restartGrant(idx uint64, key string, g *grant, shared bool, ttl time.Duration, evs []event) []event {
+	g.ttl = ttl
+	g.restartTTL = max(g.restartTTL, ttl)
+	g.version = idx
+	g.suspect, g.suspectLeft = false, 0
+	return append(evs, event{kind: evTTL, key: key, owner: g.owner, session: g.session, fence: g.fence, ttl: ttl, restartTTL: g.restartTTL, version: idx, shared: shared})
 }
 
 func (f *fsm) acquire(idx uint64, c *command, evs []event) (applyResult, []event) {
 	e := f.locks[c.key]
+	if c.shared {
+		return f.acquireShared(idx, c, e, evs)
+	}
 	if e == nil {
-		if uint64(len(f.locks)) >= c.maxLeases {
+		if f.leases() >= c.maxLeases {
 			return applyResult{code: resTooManyLeases}, evs
 		}
 		e = &lockEntry{}
 		f.locks[c.key] = e
 		f.keys.ReplaceOrInsert(c.key)
 		evs = f.setGrant(idx, c.key, e, waiter{owner: c.owner, holder: f.strs.get(c.holder), session: f.strs.get(c.session), ttl: c.ttl, lockDelay: c.lockDelay}, false, evs)
-		return applyResult{code: resGranted, fence: idx, ttl: c.ttl}, evs
+		return applyResult{code: resGranted, fence: e.grant.fence, ttl: c.ttl}, evs
 	}
 	if e.held && e.grant.owner == c.owner {
 		// A retried request of the holder (its answer was lost): the grant
 		// stands, and the retry renews it through the log with the TTL it
-		// asks for, so that the answer is one the server honours.
-		evs = f.restartGrant(idx, c.key, e, c.ttl, evs)
+		// asks for, so that the answer is one the server honours. It also
+		// binds the grant to the retry's session, when it names one (a
+		// lease resumed by another process: its loss is pushed there).
+		f.rebindSession(&e.grant, c.session)
+		evs = restartGrant(idx, c.key, &e.grant, false, c.ttl, evs)
 		return applyResult{code: resGranted, fence: e.grant.fence, ttl: c.ttl}, evs
 	}
+	if e.shared[c.owner] != nil {
+		// The owner token holds a Shared grant of the key: it is never
+		// queued for the Exclusive one too.
+		return applyResult{code: resHeld}, evs
+	}
 	if n := e.q.find(c.owner); n != nil {
-		if !c.wait { // the owner waits already; a try of the same owner is refused
+		if !c.wait || n.shared { // the owner waits already; a try of the same owner is refused
 			return applyResult{code: resHeld}, evs
 		}
 		n.since = idx // re-attached: a purge of its grace named an earlier since
 		return applyResult{code: resQueued, position: e.q.position(n)}, evs
 	}
 	if !c.wait {
-		if !e.held {
+		if !e.held && len(e.shared) == 0 {
 			return applyResult{code: resDelayed}, evs
 		}
 		return applyResult{code: resHeld}, evs
@@ -722,12 +833,14 @@ func (f *fsm) acquire(idx uint64, c *command, evs []event) (applyResult, []event
 	return applyResult{code: resQueued, position: e.q.len()}, evs
 }
 
-// setGrant makes w the holder of e with fence and version idx.
+// setGrant makes w the holder of e with version idx and the next fence
+// (idx, unless a Shared grant took it: nextFence).
 func (f *fsm) setGrant(idx uint64, key string, e *lockEntry, w waiter, handoff bool, evs []event) []event {
 	e.held = true
 	e.delay, e.delayVersion = 0, 0
-	e.grant = grant{owner: w.owner, holder: w.holder, session: w.session, fence: idx, ttl: w.ttl, restartTTL: w.ttl, lockDelay: w.lockDelay, version: idx}
-	return append(evs, event{kind: evGranted, key: key, owner: w.owner, session: w.session, holder: w.holder, fence: idx, ttl: w.ttl, restartTTL: w.ttl, version: idx, handoff: handoff})
+	fence := f.nextFence(idx)
+	e.grant = grant{owner: w.owner, holder: w.holder, session: w.session, fence: fence, ttl: w.ttl, restartTTL: w.ttl, lockDelay: w.lockDelay, version: idx}
+	return append(evs, event{kind: evGranted, key: key, owner: w.owner, session: w.session, holder: w.holder, fence: fence, ttl: w.ttl, restartTTL: w.ttl, version: idx, handoff: handoff})
 }
 
 // endGrant ends the grant of e. After a loss without a release (expiry,
@@ -749,19 +862,38 @@ func (f *fsm) endGrant(idx uint64, key string, e *lockEntry, why removeReason, e
 	return f.grantNext(idx, key, e, evs)
 }
 
-// grantNext grants the head waiter of e, which is held by nobody, with fence
-// idx, or removes e when nobody waits. It returns the new fence or 0.
+// grantNext grants, in queue order, the head waiters of e that the grants
+// it still holds allow: the Exclusive head when e holds nothing, Shared
+// heads while e holds no Exclusive grant and its limit allows (several in
+// one entry, each with its own fence). A Shared waiter behind a blocked
+// head waits (FIFO: a waiting Exclusive request holds back later Shared
+// ones, writer preference). It removes e when it holds nothing, runs no
+// lock-delay and nobody waits. It returns the first new fence or 0.
 func (f *fsm) grantNext(idx uint64, key string, e *lockEntry, evs []event) (uint64, []event) {
-	n := e.q.head
-	if n == nil {
+	var first uint64
+	for n := e.q.head; n != nil && !e.held && e.delayVersion == 0; n = e.q.head {
+		if n.shared && e.limit > 0 && len(e.shared) >= e.limit || !n.shared && len(e.shared) > 0 {
+			break
+		}
+		e.q.remove(n)
+		f.waiting--
+		var fence uint64
+		if n.shared {
+			e.nsw--
+			fence, evs = f.grantShared(idx, key, e, n.waiter, true, evs)
+		} else {
+			evs = f.setGrant(idx, key, e, n.waiter, true, evs)
+			fence = e.grant.fence
+		}
+		if first == 0 {
+			first = fence
+		}
+	}
+	if !e.held && e.delayVersion == 0 && len(e.shared) == 0 && e.q.len() == 0 {
 		delete(f.locks, key)
 		f.keys.Delete(key)
-		return 0, evs
 	}
-	e.q.remove(n)
-	f.waiting--
-	evs = f.setGrant(idx, key, e, n.waiter, true, evs)
-	return idx, evs
+	return first, evs
 }
 
 // cancelWait removes owner's queue entry on key; with releaseGrant, it also
@@ -777,10 +909,21 @@ func (f *fsm) cancelWait(idx uint64, key, owner string, releaseGrant bool, evs [
 		f.strs.put(n.holder)
 		f.strs.put(n.session)
 		evs = append(evs, event{kind: evDequeued, key: key, owner: owner, session: n.session})
+		if n.shared {
+			e.nsw--
+		} else if e.nsw > 0 {
+			// An Exclusive entry that held Shared ones back is gone: the
+			// Shared entries now at the head may be granted.
+			_, evs = f.grantNext(idx, key, e, evs)
+		}
 		return applyResult{code: resOK, dequeued: true}, evs
 	}
 	if releaseGrant && e.held && e.grant.owner == owner {
 		_, evs = f.endGrant(idx, key, e, reasonCancelled, evs)
+		return applyResult{code: resOK, released: true}, evs
+	}
+	if g := liveShared(e, owner); releaseGrant && g != nil {
+		_, evs = f.endShared(idx, key, e, g, reasonCancelled, evs)
 		return applyResult{code: resOK, released: true}, evs
 	}
 	return applyResult{code: resOK}, evs
@@ -789,10 +932,21 @@ func (f *fsm) cancelWait(idx uint64, key, owner string, releaseGrant bool, evs [
 // holderView is a read-only copy of one key's state.
 type holderView struct {
 	key     string
-	held    bool  // false: in a lock-delay
-	grant   grant // when held
+	held    bool  // false: in a lock-delay (or only lost Shared grants in theirs)
+	grant   grant // when held: the Exclusive grant, or the oldest live Shared grant
 	waiters int
 	queued  bool // peek: the asking owner is queued on the key
+	// shared: the key holds Shared grants (see sharedInto): holders live
+	// ones, delayed lost ones in their lock-delay, of limit permits (0:
+	// any number); grants (get only) every live one, by fence.
+	shared  bool
+	limit   int
+	holders int
+	delayed int
+	grants  []grant
+	// lostOwners (get only): the owners of the lost Shared grants whose
+	// lock-delay runs.
+	lostOwners []string
 }
 
 // get returns the state of key: ok is false when the key is neither held
@@ -804,7 +958,9 @@ func (f *fsm) get(key string) (holderView, bool) {
 	if e == nil {
 		return holderView{}, false
 	}
-	return holderView{key: key, held: e.held, grant: e.grant, waiters: e.q.len()}, true
+	v := holderView{key: key, held: e.held, grant: e.grant, waiters: e.q.len()}
+	sharedInto(e, &v, true)
+	return v, true
 }
 
 // peek returns the state of key as an acquisition by owner would find it.
@@ -815,7 +971,9 @@ func (f *fsm) peek(key, owner string) (holderView, bool) {
 	if e == nil {
 		return holderView{}, false
 	}
-	return holderView{key: key, held: e.held, grant: e.grant, waiters: e.q.len(), queued: e.q.find(owner) != nil}, true
+	v := holderView{key: key, held: e.held, grant: e.grant, waiters: e.q.len(), queued: e.q.find(owner) != nil}
+	sharedInto(e, &v, false)
+	return v, true
 }
 
 // list returns up to limit held keys that start with prefix and sort after
@@ -835,6 +993,7 @@ func (f *fsm) listIn(prefixes []string, after string, limit int) (out []holderVi
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	out = make([]holderView, 0, min(limit, 64))
+	entries := 0
 	for _, prefix := range prefixes {
 		from := prefix
 		if after != "" && after >= from {
@@ -848,14 +1007,24 @@ func (f *fsm) listIn(prefixes []string, after string, limit int) (out []holderVi
 				return false
 			}
 			e := f.locks[k]
-			if !e.held {
+			v := holderView{key: k, held: e.held, grant: e.grant, waiters: e.q.len()}
+			sharedInto(e, &v, true)
+			if !v.held {
 				return true
 			}
-			if len(out) == limit {
+			// A key with Shared grants is listed as one entry per grant
+			// (at most maxInspectGrants), never split over pages: the
+			// limit counts entries, and a page holds at least one key.
+			n := 1
+			if v.shared {
+				n = min(v.holders, maxInspectGrants)
+			}
+			if len(out) > 0 && entries+n > limit {
 				more = true
 				return false
 			}
-			out = append(out, holderView{key: k, held: true, grant: e.grant, waiters: e.q.len()})
+			out = append(out, v)
+			entries += n
 			return true
 		})
 		if more {
@@ -901,11 +1070,12 @@ func (f *fsm) queued() []queuedEntry {
 	return out
 }
 
-// counts returns the number of held keys and of queue entries.
+// counts returns the number of leases (held keys and keys in a
+// lock-delay, each Shared grant counted as one) and of queue entries.
 func (f *fsm) counts() (held, waiting int) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	return len(f.locks), f.waiting
+	return int(f.leases()), f.waiting
 }
 
 // state returns one evGranted event per held key and one evDelayed event
@@ -919,11 +1089,19 @@ func (f *fsm) state() []event {
 func stateLocked(locks map[string]*lockEntry) []event {
 	out := make([]event, 0, len(locks))
 	for k, e := range locks {
-		if e.held {
+		switch {
+		case e.held:
 			g := &e.grant
 			out = append(out, event{kind: evGranted, key: k, owner: g.owner, session: g.session, holder: g.holder, fence: g.fence, ttl: g.ttl, restartTTL: g.restartTTL, version: g.version, suspect: g.suspect, left: g.suspectLeft})
-		} else {
+		case e.delayVersion != 0:
 			out = append(out, event{kind: evDelayed, key: k, ttl: e.delay, version: e.delayVersion})
+		}
+		for _, g := range e.shared {
+			if g.delayed {
+				out = append(out, event{kind: evDelayed, key: k, owner: g.owner, ttl: g.lockDelay, version: g.version, shared: true})
+				continue
+			}
+			out = append(out, event{kind: evGranted, key: k, owner: g.owner, session: g.session, holder: g.holder, fence: g.fence, ttl: g.ttl, restartTTL: g.restartTTL, version: g.version, suspect: g.suspect, left: g.suspectLeft, shared: true})
 		}
 	}
 	return out
@@ -936,13 +1114,20 @@ func stateLocked(locks map[string]*lockEntry) []event {
 func (f *fsm) check() error {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	waiting := 0
+	waiting, nshared, sharedKeys := 0, 0, 0
 	for k, e := range f.locks {
-		if !e.held && e.delayVersion == 0 {
+		if !e.held && e.delayVersion == 0 && len(e.shared) == 0 {
 			return fmt.Errorf("key %q: neither held nor in a lock-delay", k)
 		}
-		if e.held && (e.grant.fence == 0 || e.grant.version < e.grant.fence) {
-			return fmt.Errorf("key %q: grant fence %d version %d", k, e.grant.fence, e.grant.version)
+		if e.held && (e.grant.fence == 0 || e.grant.version == 0 || e.grant.fence > f.lastFence) {
+			return fmt.Errorf("key %q: grant fence %d version %d (last fence %d)", k, e.grant.fence, e.grant.version, f.lastFence)
+		}
+		if err := f.checkShared(k, e); err != nil {
+			return err
+		}
+		nshared += len(e.shared)
+		if len(e.shared) > 0 {
+			sharedKeys++
 		}
 		if e.held && e.grant.suspect != (e.grant.suspectLeft > 0) {
 			return fmt.Errorf("key %q: suspect %v with %v left", k, e.grant.suspect, e.grant.suspectLeft)
@@ -957,7 +1142,7 @@ func (f *fsm) check() error {
 			if e.q.byOwner[x.owner] != x {
 				return fmt.Errorf("key %q: owner index misses %q (queued twice?)", k, x.owner)
 			}
-			if e.held && x.owner == e.grant.owner {
+			if e.held && x.owner == e.grant.owner || e.shared[x.owner] != nil {
 				return fmt.Errorf("key %q: holder %q also queued", k, x.owner)
 			}
 			prev = x
@@ -973,6 +1158,9 @@ func (f *fsm) check() error {
 	if waiting != f.waiting {
 		return fmt.Errorf("waiting count %d, queues hold %d", f.waiting, waiting)
 	}
+	if nshared != f.nshared || sharedKeys != f.sharedKeys {
+		return fmt.Errorf("shared counts %d grants on %d keys, table holds %d on %d", f.nshared, f.sharedKeys, nshared, sharedKeys)
+	}
 	if f.keys.Len() != len(f.locks) {
 		return fmt.Errorf("key index of %d keys, table of %d", f.keys.Len(), len(f.locks))
 	}
@@ -983,22 +1171,28 @@ func (f *fsm) check() error {
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	s := &fsmSnapshot{applied: f.applied, entries: make([]snapEntry, 0, len(f.locks)), members: f.copyMembers()}
+	s := &fsmSnapshot{applied: f.applied, lastFence: f.lastFence, entries: make([]snapEntry, 0, len(f.locks)), members: f.copyMembers()}
 	for k, e := range f.locks {
-		en := snapEntry{key: k, held: e.held, grant: e.grant, delay: e.delay, delayVersion: e.delayVersion}
+		en := snapEntry{key: k, held: e.held, grant: e.grant, delay: e.delay, delayVersion: e.delayVersion, limit: e.limit}
 		e.q.each(func(w *waiter) { en.waiters = append(en.waiters, *w) })
+		en.shared = sortedShared(e)
 		s.entries = append(s.entries, en)
 	}
+	s.v3 = f.nshared == 0 && f.lastFence <= f.applied && !f.anySharedWaiter()
 	return s, nil
 }
 
-// Snapshot formats: v1 (held keys and queues) and v2 are still read; v2
-// adds grant versions, lock-delays and waiting lock-delays, and the applied
-// index; v3 adds each grant's suspect entry and each waiter's since.
+// Snapshot formats: v1 (held keys and queues), v2 and v3 are still read;
+// v2 adds grant versions, lock-delays and waiting lock-delays, and the
+// applied index; v3 adds each grant's suspect entry and each waiter's
+// since; v4 adds the last fence issued, each key's Shared grants and
+// permit limit, and each waiter's kind (shared.go). A table with nothing
+// that v3 lacks is still written in v3 (fsmSnapshot.v3).
 const (
 	snapshotMagicV1 = "dlockd-snap-v1"
 	snapshotMagicV2 = "dlockd-snap-v2"
-	snapshotMagic   = "dlockd-snap-v3"
+	snapshotMagicV3 = "dlockd-snap-v3"
+	snapshotMagic   = "dlockd-snap-v4"
 )
 
 type snapEntry struct {
@@ -1008,10 +1202,18 @@ type snapEntry struct {
 	delay        time.Duration
 	delayVersion uint64
 	waiters      []waiter
+	limit        int
+	shared       []grant // by fence
 }
 
 type fsmSnapshot struct {
-	applied uint64 // index of the last entry the table reflects
+	applied   uint64 // index of the last entry the table reflects
+	lastFence uint64 // the greatest fence issued
+	// v3: the table holds nothing that v3 lacks (no Shared grant or
+	// waiter, and no fence above the applied index, which a v3 restore
+	// could not know of), so it is written in v3, which members that
+	// predate Shared grants can read.
+	v3      bool
 	entries []snapEntry
 	members map[string]member // written as a trailing section (see appendMembersSection)
 }
@@ -1020,8 +1222,14 @@ type fsmSnapshot struct {
 func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 	w := bufio.NewWriterSize(sink, 1<<16)
 	e := enc{b: make([]byte, 0, 4096)}
-	e.str(snapshotMagic)
-	e.u64(s.applied)
+	if s.v3 {
+		e.str(snapshotMagicV3)
+		e.u64(s.applied)
+	} else {
+		e.str(snapshotMagic)
+		e.u64(s.applied)
+		e.u64(s.lastFence)
+	}
 	e.u64(uint64(len(s.entries)))
 	for _, en := range s.entries {
 		e.str(en.key)
@@ -1038,6 +1246,13 @@ func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 		e.dur(en.grant.suspectLeft)
 		e.dur(en.delay)
 		e.u64(en.delayVersion)
+		if !s.v3 {
+			e.u64(uint64(en.limit))
+			e.u64(uint64(len(en.shared)))
+			for i := range en.shared {
+				encodeSharedGrant(&e, &en.shared[i])
+			}
+		}
 		e.u64(uint64(len(en.waiters)))
 		for _, wt := range en.waiters {
 			e.str(wt.owner)
@@ -1046,6 +1261,9 @@ func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 			e.dur(wt.ttl)
 			e.dur(wt.lockDelay)
 			e.u64(wt.since)
+			if !s.v3 {
+				e.boolean(wt.shared)
+			}
 		}
 		if len(e.b) > 1<<15 {
 			if _, err := w.Write(e.b); err != nil {
@@ -1082,10 +1300,11 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	if err != nil {
 		return err
 	}
-	locks, strs, waiting, applied, err := decodeSnapshot(data)
+	locks, strs, waiting, applied, lastFence, err := decodeSnapshot(data)
 	if err != nil {
 		return err
 	}
+	lastFence, nshared, sharedKeys := restoredShared(locks, lastFence)
 	keys := newKeyIndex()
 	for k := range locks {
 		keys.ReplaceOrInsert(k)
@@ -1095,6 +1314,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	f.keys = keys
 	f.strs = strs
 	f.waiting = waiting
+	f.lastFence, f.nshared, f.sharedKeys = lastFence, nshared, sharedKeys
 	f.members = members
 	if applied > f.applied {
 		f.applied = applied
@@ -1107,21 +1327,25 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	return nil
 }
 
-func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, waiting int, applied uint64, err error) {
+func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, waiting int, applied, lastFence uint64, err error) {
 	d := dec{b: data}
 	strs = newInterner()
 	magic := d.str()
-	if d.err != nil || (magic != snapshotMagic && magic != snapshotMagicV2 && magic != snapshotMagicV1) {
-		return nil, strs, 0, 0, errCorrupt
+	if d.err != nil || (magic != snapshotMagic && magic != snapshotMagicV3 && magic != snapshotMagicV2 && magic != snapshotMagicV1) {
+		return nil, strs, 0, 0, 0, errCorrupt
 	}
-	v3 := magic == snapshotMagic
+	v4 := magic == snapshotMagic
+	v3 := v4 || magic == snapshotMagicV3
 	v2 := v3 || magic == snapshotMagicV2
 	if v2 {
 		applied = d.u64()
 	}
+	if v4 {
+		lastFence = d.u64()
+	}
 	n := d.u64()
 	if n > uint64(len(d.b)) {
-		return nil, strs, 0, 0, errCorrupt
+		return nil, strs, 0, 0, 0, errCorrupt
 	}
 	locks = make(map[string]*lockEntry, n)
 	for i := uint64(0); i < n && d.err == nil; i++ {
@@ -1139,7 +1363,7 @@ func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, wa
 				e.grant.suspect = d.boolean()
 				e.grant.suspectLeft = d.dur()
 				if e.grant.suspect != (e.grant.suspectLeft > 0) {
-					return nil, strs, 0, 0, errCorrupt
+					return nil, strs, 0, 0, 0, errCorrupt
 				}
 			}
 			e.delay = d.dur()
@@ -1148,8 +1372,13 @@ func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, wa
 			e.grant.version = e.grant.fence
 			e.grant.restartTTL = e.grant.ttl
 		}
-		if !e.held && e.delayVersion == 0 {
-			return nil, strs, 0, 0, errCorrupt
+		if v4 {
+			if err := decodeSharedEntry(&d, e, strs); err != nil {
+				return nil, strs, 0, 0, 0, err
+			}
+		}
+		if !e.held && e.delayVersion == 0 && len(e.shared) == 0 {
+			return nil, strs, 0, 0, 0, errCorrupt
 		}
 		if !e.held {
 			strs.put(e.grant.holder)
@@ -1158,7 +1387,7 @@ func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, wa
 		}
 		nw := d.u64()
 		if nw > uint64(len(d.b)) {
-			return nil, strs, 0, 0, errCorrupt
+			return nil, strs, 0, 0, 0, errCorrupt
 		}
 		for j := uint64(0); j < nw && d.err == nil; j++ {
 			w := waiter{owner: d.str(), holder: strs.get(d.str()), session: strs.get(d.str()), ttl: d.dur()}
@@ -1168,16 +1397,25 @@ func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, wa
 			if v3 {
 				w.since = d.u64()
 			}
-			if e.q.find(w.owner) != nil {
-				return nil, strs, 0, 0, errCorrupt
+			if v4 {
+				w.shared = d.boolean()
+			}
+			if e.q.find(w.owner) != nil || e.shared[w.owner] != nil {
+				return nil, strs, 0, 0, 0, errCorrupt
+			}
+			if w.shared {
+				e.nsw++
 			}
 			e.q.push(w)
 		}
 		waiting += e.q.len()
+		if _, dup := locks[key]; dup {
+			return nil, strs, 0, 0, 0, errCorrupt
+		}
 		locks[key] = e
 	}
 	if d.err != nil {
-		return nil, strs, 0, 0, d.err
+		return nil, strs, 0, 0, 0, d.err
 	}
-	return locks, strs, waiting, applied, nil
+	return locks, strs, waiting, applied, lastFence, nil
 }

@@ -286,6 +286,10 @@ func FuzzFSMApply(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15})
 	f.Add(bytes.Repeat([]byte{0, 17, 34, 51, 68, 85, 102, 119, 136, 153}, 8))
 	f.Add([]byte{0x10, 0x21, 0x32, 0x03, 0x74, 0x85, 0x96, 0x07, 0x48, 0x59})
+	// Shared grants: permits of 2 and readers, a writer waiting, releases,
+	// expiries with a lock-delay, their end, cancels and a force release.
+	f.Add([]byte{1, 0x60, 1, 0x61, 1, 0x62, 1, 0x03, 1, 0x60, 2, 0x60, 3, 0x61, 2, 0x62, 4, 0x03, 1, 0x6a, 3, 0x6a, 7, 0x6a, 1, 0x21, 1, 0x22, 6, 0x00, 1, 0x23})
+	f.Add([]byte{1, 0x20, 1, 0x21, 1, 0x02, 1, 0x23, 2, 0x20, 2, 0x21, 5, 0x23, 9, 0x23, 8, 0x23, 1, 0x28, 3, 0x28, 7, 0x28, 10, 0x02, 4, 0x02})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		rec := &recorder{}
 		fm := newFSM(rec)
@@ -293,7 +297,13 @@ func FuzzFSMApply(f *testing.F) {
 		lastFence := map[string]uint64{}
 		owners := []string{"o0", "o1", "o2", "o3"}
 		keys := []string{"k0", "k1"}
-		version := func(key string) uint64 {
+		version := func(key, owner string) uint64 {
+			fm.mu.RLock()
+			if e := fm.locks[key]; e != nil && e.shared[owner] != nil {
+				defer fm.mu.RUnlock()
+				return e.shared[owner].version
+			}
+			fm.mu.RUnlock()
 			if v, ok := fm.get(key); ok {
 				if v.held {
 					return v.grant.version
@@ -317,10 +327,16 @@ func FuzzFSMApply(f *testing.F) {
 				if arg&4 != 0 {
 					c.ttl = 2 * time.Second
 				}
+				if arg&0x20 != 0 { // a Shared grant: a reader, or a permit of 2
+					c.shared = true
+					if arg&0x40 != 0 {
+						c.limit = 2
+					}
+				}
 			case 2:
 				c = command{op: opRelease, key: key, owner: owner}
 			case 3:
-				c = command{op: opExpire, expiries: []expiry{{key, owner, version(key)}}}
+				c = command{op: opExpire, expiries: []expiry{{key, owner, version(key, owner)}}}
 			case 4:
 				c = command{op: opCancelWait, key: key, owner: owner}
 			case 5:
@@ -328,11 +344,14 @@ func FuzzFSMApply(f *testing.F) {
 			case 6:
 				c = command{op: opForceRelease, key: key}
 			case 7:
-				c = command{op: opEndDelay, key: key, version: version(key) - uint64(arg&1)}
+				c = command{op: opEndDelay, key: key, version: version(key, "") - uint64(arg&1)}
+				if arg&0x20 != 0 {
+					c = command{op: opEndSharedDelay, key: key, owner: owner, version: version(key, owner) - uint64(arg&1)}
+				}
 			case 8:
-				c = command{op: opUnclaimed, expiries: []expiry{{key, owner, version(key) - uint64(arg&1)}}}
+				c = command{op: opUnclaimed, expiries: []expiry{{key, owner, version(key, owner) - uint64(arg&1)}}}
 			case 9:
-				c = command{op: opSuspect, suspects: []suspectMark{{key, owner, version(key) - uint64(arg&1), time.Duration(arg) * time.Millisecond}}}
+				c = command{op: opSuspect, suspects: []suspectMark{{key, owner, version(key, owner) - uint64(arg&1), time.Duration(arg) * time.Millisecond}}}
 			case 10:
 				var since uint64
 				fm.mu.RLock()
@@ -359,6 +378,25 @@ func FuzzFSMApply(f *testing.F) {
 					}
 					lastFence[ev.key] = ev.fence
 				}
+			}
+			// Shared grants: never with an Exclusive grant, at most the
+			// key's limit (check verifies these too, and that no head
+			// waiter is left that could be granted); queue entries unique.
+			for _, k := range keys {
+				fm.mu.RLock()
+				if e := fm.locks[k]; e != nil {
+					if e.held && len(e.shared) > 0 || e.limit > 0 && len(e.shared) > e.limit {
+						t.Fatalf("key %s: exclusive %v with %d shared grants (limit %d)", k, e.held, len(e.shared), e.limit)
+					}
+					seen := map[string]bool{}
+					e.q.each(func(w *waiter) {
+						if seen[w.owner] {
+							t.Errorf("key %s: %s queued twice", k, w.owner)
+						}
+						seen[w.owner] = true
+					})
+				}
+				fm.mu.RUnlock()
 			}
 		}
 		snap, err := fm.Snapshot()

@@ -200,9 +200,23 @@ func dump(f *fsm) string {
 		e := f.locks[k]
 		fmt.Fprintf(&b, "%q held=%v %+v delay=%v/%d", k, e.held, e.grant, e.delay, e.delayVersion)
 		e.q.each(func(w *waiter) { fmt.Fprintf(&b, " %+v", *w) })
+		if len(e.shared) > 0 || e.nsw > 0 {
+			fmt.Fprintf(&b, " limit=%d nsw=%d", e.limit, e.nsw)
+			for _, g := range sortedShared(e) {
+				fmt.Fprintf(&b, " shared%+v", g)
+			}
+		}
 		b.WriteString("\n")
 	}
-	fmt.Fprintf(&b, "waiting=%d\n", f.waiting)
+	// The last fence matters when it is ahead of the applied index: a
+	// snapshot written in v3 (no Shared grants, last fence not ahead)
+	// restores a smaller one that issues the same fences from the next
+	// index on.
+	var ahead uint64
+	if f.lastFence > f.applied {
+		ahead = f.lastFence
+	}
+	fmt.Fprintf(&b, "waiting=%d fenceAhead=%d shared=%d/%d\n", f.waiting, ahead, f.nshared, f.sharedKeys)
 	return b.String()
 }
 

@@ -102,6 +102,8 @@ func FuzzHTTPRequest(f *testing.F) {
 	}
 	f.Add(uint8(0), []byte(`{"key":"b","owner":"0123456789abcdef","ttl":"7200s","wait":true,"session":"session-0123456789","lock_delay":"1s"}`))
 	f.Add(uint8(0), []byte(`{"key":"c","ttl":"1ms","bogus":[1,{"x":null}]}`))
+	f.Add(uint8(0), []byte(`{"key":"s","owner":"0123456789abcdef","shared":true,"limit":2}`))
+	f.Add(uint8(0), []byte(`{"key":"s","shared":true,"limit":3}`))
 	s := fuzzServer(f)
 	h := s.httpSrv.Handler
 	f.Fuzz(func(t *testing.T, route uint8, body []byte) {
@@ -219,6 +221,9 @@ func FuzzProtoRequest(f *testing.F) {
 		f.Add(route, b)
 	}
 	add(0, &dlockv1.AcquireRequest{Key: "a", Holder: "fuzz"})
+	add(0, &dlockv1.AcquireRequest{Key: "s", Owner: "0123456789abcdef", Shared: true, Limit: 2})
+	add(0, &dlockv1.AcquireRequest{Key: "s", Shared: true, Limit: 3})
+	add(0, &dlockv1.AcquireRequest{Key: "r", Shared: true})
 	add(1, &dlockv1.RenewRequest{Items: []*dlockv1.RenewItem{{Key: "a", Owner: "0123456789abcdef"}}})
 	add(2, &dlockv1.ReleaseRequest{Key: "a", Owner: "0123456789abcdef"})
 	add(3, &dlockv1.CancelWaitRequest{Key: "a", Owner: "0123456789abcdef"})

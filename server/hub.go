@@ -96,18 +96,28 @@ type subscriber struct {
 	max      int           // Config.MaxWatchBacklog
 	queue    []event
 	overflow bool
+	keys     []string // watched keys (WatchRequest.keys)
+	// pending holds the watched keys with a CHANGED event queued and not
+	// taken yet: a key changed again meanwhile is not queued twice.
+	pending map[string]struct{}
 }
 
-// sessionHub maps client sessions to their Watch streams.
+// evKeyChanged is a hub event, never made by the FSM: a watched key's
+// grants may have changed (a CHANGED event of the Watch stream).
+const evKeyChanged eventKind = -1
+
+// sessionHub maps client sessions to their Watch streams, and watched keys
+// to the streams that watch them.
 type sessionHub struct {
-	mu   sync.Mutex
-	subs map[string]map[*subscriber]struct{}
+	mu    sync.Mutex
+	subs  map[string]map[*subscriber]struct{}
+	byKey map[string]map[*subscriber]struct{}
 }
 
 // subscribe registers a Watch stream of session that queues at most
-// backlog unread events.
-func (h *sessionHub) subscribe(session string, backlog int) *subscriber {
-	sub := &subscriber{wake: make(chan struct{}, 1), max: backlog}
+// backlog unread events, and watches keys.
+func (h *sessionHub) subscribe(session string, backlog int, keys ...string) *subscriber {
+	sub := &subscriber{wake: make(chan struct{}, 1), max: backlog, keys: keys}
 	h.mu.Lock()
 	m := h.subs[session]
 	if m == nil {
@@ -115,6 +125,17 @@ func (h *sessionHub) subscribe(session string, backlog int) *subscriber {
 		h.subs[session] = m
 	}
 	m[sub] = struct{}{}
+	for _, k := range keys {
+		if h.byKey == nil {
+			h.byKey = make(map[string]map[*subscriber]struct{})
+		}
+		km := h.byKey[k]
+		if km == nil {
+			km = make(map[*subscriber]struct{})
+			h.byKey[k] = km
+		}
+		km[sub] = struct{}{}
+	}
 	h.mu.Unlock()
 	return sub
 }
@@ -127,7 +148,68 @@ func (h *sessionHub) unsubscribe(session string, sub *subscriber) {
 			delete(h.subs, session)
 		}
 	}
+	for _, k := range sub.keys {
+		if km := h.byKey[k]; km != nil {
+			delete(km, sub)
+			if len(km) == 0 {
+				delete(h.byKey, k)
+			}
+		}
+	}
 	h.mu.Unlock()
+}
+
+// changed tells the streams watching any of keys (each once) that its
+// grants may have changed; keys nil means every watched key (a restore).
+// It never blocks, as lost.
+func (h *sessionHub) changed(keys map[string]struct{}, all bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.byKey) == 0 {
+		return
+	}
+	tell := func(k string, subs map[*subscriber]struct{}) {
+		for sub := range subs {
+			if _, queued := sub.pending[k]; queued {
+				continue
+			}
+			if sub.pending == nil {
+				sub.pending = make(map[string]struct{})
+			}
+			sub.pending[k] = struct{}{}
+			h.enqueue(sub, event{kind: evKeyChanged, key: k})
+		}
+	}
+	if all {
+		for k, subs := range h.byKey {
+			tell(k, subs)
+		}
+		return
+	}
+	for k := range keys {
+		tell(k, h.byKey[k])
+	}
+}
+
+// watching reports whether any stream watches a key.
+func (h *sessionHub) watching() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.byKey) > 0
+}
+
+// enqueue queues ev for sub, or marks it overflowed, and wakes it; with
+// h.mu held.
+func (h *sessionHub) enqueue(sub *subscriber, ev event) {
+	if len(sub.queue) >= sub.max {
+		sub.overflow = true
+	} else {
+		sub.queue = append(sub.queue, ev)
+	}
+	select {
+	case sub.wake <- struct{}{}:
+	default:
+	}
 }
 
 // count returns the number of sessions with a Watch stream.
@@ -143,6 +225,7 @@ func (h *sessionHub) take(sub *subscriber) (evs []event, overflow bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	evs, sub.queue = sub.queue, nil
+	sub.pending = nil
 	return evs, sub.overflow
 }
 
@@ -152,14 +235,6 @@ func (h *sessionHub) lost(ev *event) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for sub := range h.subs[ev.session] {
-		if len(sub.queue) >= sub.max {
-			sub.overflow = true
-		} else {
-			sub.queue = append(sub.queue, *ev)
-		}
-		select {
-		case sub.wake <- struct{}{}:
-		default:
-		}
+		h.enqueue(sub, *ev)
 	}
 }

@@ -658,7 +658,11 @@ func (s *Server) proposeFired(fs []fired) {
 		case fireUnclaimed:
 			unclaimed = append(unclaimed, f.x)
 		case fireEndDelay:
-			if _, err := s.propose(&command{op: opEndDelay, key: f.x.key, version: f.x.version}); err != nil {
+			c := &command{op: opEndDelay, key: f.x.key, version: f.x.version}
+			if f.x.owner != "" { // the lock-delay of a lost Shared grant (shared.go)
+				c = &command{op: opEndSharedDelay, key: f.x.key, owner: f.x.owner, version: f.x.version}
+			}
+			if _, err := s.propose(c); err != nil {
 				failed = append(failed, f)
 			}
 		}
@@ -716,13 +720,33 @@ func (s *Server) lockEvents(evs []event) {
 			s.lockMetrics.lockDelays.Inc()
 		}
 	}
+	s.keysChanged(evs)
 	s.logEvents(evs)
+}
+
+// keysChanged tells the Watch streams that watch a key changed by evs
+// (a grant made or ended, a lock-delay started or ended), once per key.
+func (s *Server) keysChanged(evs []event) {
+	if !s.sessions.watching() {
+		return
+	}
+	keys := make(map[string]struct{})
+	for i := range evs {
+		switch evs[i].kind {
+		case evGranted, evRemoved, evDelayed, evDelayEnded:
+			keys[evs[i].key] = struct{}{}
+		}
+	}
+	if len(keys) > 0 {
+		s.sessions.changed(keys, false)
+	}
 }
 
 // lockReset is the FSM observer of a restore.
 func (s *Server) lockReset(state []event) {
 	s.clock.reset(state)
 	s.waitTimes.reset(s.fsm.queued(), time.Now())
+	s.sessions.changed(nil, true)
 }
 
 // newToken returns 128 random bits, hex-encoded.

@@ -155,6 +155,12 @@ type uiHolder struct {
 	AgeAtLeast bool      `json:"age_at_least,omitempty"`
 	Waiters    int       `json:"waiters"`
 	Queue      []uiWaitr `json:"queue"` // the head of the queue, up to uiQueueHead
+	// A key with Shared grants (shared.go): the fields above describe its
+	// oldest live grant; Holders counts them, Limit is the key's permit
+	// limit (0: any number).
+	Shared  bool `json:"shared,omitempty"`
+	Holders int  `json:"holders,omitempty"`
+	Limit   int  `json:"limit,omitempty"`
 }
 
 // uiWaitr is one queue entry. The owner token is never shown: it is the
@@ -236,8 +242,8 @@ func (u *uiAPI) locks(w http.ResponseWriter, r *http.Request) {
 
 // holder describes one held key, with the head of its queue.
 func (u *uiAPI) holder(v holderView) uiHolder {
-	h := uiHolder{Key: v.key, Holder: v.grant.holder, Fence: v.grant.fence, TTLMs: v.grant.ttl.Milliseconds(), Waiters: v.waiters}
-	if age, left, restored, ok := u.s.clock.held(v.key, v.grant.fence); ok {
+	h := uiHolder{Key: v.key, Holder: v.grant.holder, Fence: v.grant.fence, TTLMs: v.grant.ttl.Milliseconds(), Waiters: v.waiters, Shared: v.shared, Holders: v.holders, Limit: v.limit}
+	if age, left, restored, ok := u.s.clock.held(v.key, v.grant.owner, v.grant.fence); ok {
 		a, l := age.Milliseconds(), left.Milliseconds()
 		h.AgeMs, h.LeftMs, h.AgeAtLeast = &a, &l, restored
 	}

@@ -39,6 +39,12 @@
 //     of successive grants of one key strictly increase), or an owner's
 //     retry answered with its old fence after a greater fence was granted.
 //   - fence reuse: one fence of one key answered to two owners.
+//   - over limit: Shared grants (Op.Shared, dlockd's counted permits and
+//     readers) do not exclude each other, so two of them holding at once
+//     is no early grant; instead more than Op.Limit of them (when it is
+//     not 0) each received and not yet at its validity end at one instant
+//     is. An Exclusive grant and a Shared one still exclude each other
+//     (early grant).
 //
 // Check is exact: it compares every pair that could violate, and never
 // samples. It is sound: a correct server never produces a violation,
@@ -141,6 +147,10 @@ type Op struct {
 	ClaimWithin time.Duration
 	// Note says more: the error, the method used ("wait stream", "retry").
 	Note string
+	// Shared, Limit: an Acquire of a Shared grant of a key of Limit
+	// permits (0: any number); see the package doc, over limit.
+	Shared bool
+	Limit  int
 }
 
 func (o *Op) String() string {
@@ -216,6 +226,7 @@ const (
 	EarlyGrant      ViolationKind = "early grant"
 	FenceRegression ViolationKind = "fence regression"
 	FenceReuse      ViolationKind = "fence reuse"
+	OverLimit       ViolationKind = "over limit"
 )
 
 // Violation is one broken rule, with the operations that show it.
@@ -232,6 +243,9 @@ type Violation struct {
 	ValidUntil time.Duration
 	Cause      Op
 	Early      time.Duration
+	// For over limit: Holders is how many Shared grants held at B's
+	// receipt (B included), more than B.Limit.
+	Holders int
 }
 
 func (v Violation) String() string {
@@ -240,6 +254,9 @@ func (v Violation) String() string {
 		return fmt.Sprintf("%s on %q: fence %d was granted to another owner and received at %s, %v before the validity end %s of fence %d (owner %s)\n"+
 			"\tholder's grant: %s\n\tvalidity set by: %s\n\tother grant:    %s",
 			v.Kind, v.Key, v.B.Fence, ms(v.B.Complete), v.Early, ms(v.ValidUntil), v.A.Fence, short(v.A.Owner), &v.A, &v.Cause, &v.B)
+	case OverLimit:
+		return fmt.Sprintf("%s on %q: %d Shared grants held at once when fence %d was received at %s (limit %d)\n\tgrant: %s",
+			v.Kind, v.Key, v.Holders, v.B.Fence, ms(v.B.Complete), v.B.Limit, &v.B)
 	case FenceRegression:
 		return fmt.Sprintf("%s on %q: a grant requested at %s, after fence %d was received at %s, was answered with fence %d\n\tearlier grant: %s\n\tlater grant:   %s",
 			v.Kind, v.Key, ms(v.B.Invoke), v.A.Fence, ms(v.A.Complete), v.B.Fence, &v.A, &v.B)
@@ -307,6 +324,8 @@ type tenure struct {
 	hasRel bool
 	end    time.Duration // effective validity end (after release)
 	cause  *Op           // the op that set end (nil: none)
+	shared bool          // a Shared grant (Op.Shared of its first answer)
+	limit  int
 }
 
 type keyOwner struct{ key, owner string }
@@ -376,7 +395,7 @@ func Check(ops []Op) (*Report, error) {
 		t := tenures[k]
 		switch {
 		case t == nil:
-			t = &tenure{key: op.Key, fence: op.Fence, owner: op.Owner, first: op, origin: op}
+			t = &tenure{key: op.Key, fence: op.Fence, owner: op.Owner, first: op, origin: op, shared: op.Shared, limit: op.Limit}
 			tenures[k] = t
 			st.Grants++
 		case t.owner != op.Owner:
@@ -515,7 +534,7 @@ func Check(ops []Op) (*Report, error) {
 			sufMin[i] = min(sufMin[i+1], ts[i].first.Complete)
 		}
 		for i, a := range ts {
-			if i+1 < len(ts) {
+			if i+1 < len(ts) && !(a.shared && ts[i+1].shared) { // Shared grants hold together
 				b := ts[i+1]
 				margin := b.first.Complete - a.end
 				st.Successions++
@@ -533,6 +552,9 @@ func Check(ops []Op) (*Report, error) {
 				// A grant with a greater fence received before A's
 				// request was even sent is a fence regression (reported
 				// below), not an early grant.
+				if a.shared && b.shared {
+					continue // Shared grants do not exclude each other: see overLimit
+				}
 				if b.first.Complete < a.end && b.first.Complete >= a.origin.Invoke {
 					rep.Violations = append(rep.Violations, Violation{
 						Kind: EarlyGrant, Key: key, A: *a.first, B: *b.first,
@@ -541,6 +563,10 @@ func Check(ops []Op) (*Report, error) {
 				}
 			}
 		}
+	}
+
+	for _, key := range keys {
+		rep.Violations = append(rep.Violations, overLimit(key, byKey[key])...)
 	}
 
 	// Fence order: a grant requested after another was received has a
@@ -675,4 +701,27 @@ func (r *Report) Err(max int) error {
 		s += "\n" + v.String()
 	}
 	return fmt.Errorf("%w: %s", ErrViolations, s)
+}
+
+// overLimit returns, for one key's grants, an over-limit violation for
+// each Shared grant received while more than its limit of Shared grants
+// (itself included) were each received and not yet at their validity end.
+func overLimit(key string, ts []*tenure) []Violation {
+	var out []Violation
+	for _, b := range ts {
+		if !b.shared || b.limit == 0 {
+			continue
+		}
+		at := b.first.Complete
+		n := 0
+		for _, a := range ts {
+			if a.shared && a.first.Complete <= at && at < a.end {
+				n++
+			}
+		}
+		if n > b.limit {
+			out = append(out, Violation{Kind: OverLimit, Key: key, B: *b.first, Holders: n})
+		}
+	}
+	return out
 }

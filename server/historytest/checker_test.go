@@ -2,6 +2,7 @@ package historytest
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -329,5 +330,66 @@ func TestRecorder_Concurrent(t *testing.T) {
 		if op.ID != i || op.Complete < op.Invoke {
 			t.Fatalf("op %d: %s", i, &op)
 		}
+	}
+}
+
+// TestCheck_SharedHistories: Shared grants hold together up to their
+// limit; one more is over limit; an Exclusive grant among them is early.
+func TestCheck_SharedHistories(t *testing.T) {
+	shared := func(op Op, limit int) Op { op.Shared, op.Limit = true, limit; return op }
+	tests := []struct {
+		name string
+		h    []Op
+		want []ViolationKind
+	}{{
+		name: "clean: two permits of 2 at once, a third after one released",
+		h: []Op{
+			shared(granted(1, "s", "ownerA01", 0, 5, 5, s2), 2),
+			shared(granted(2, "s", "ownerB01", 1, 6, 6, s2), 2),
+			refused(3, "s", "ownerC01", 10, 12, s2),
+			released(1, "s", "ownerA01", 100, 103),
+			shared(granted(3, "s", "ownerC01", 20, 104, 9, s2), 2),
+		},
+	}, {
+		name: "three permits of 2 at once",
+		h: []Op{
+			shared(granted(1, "s", "ownerA01", 0, 5, 5, s2), 2),
+			shared(granted(2, "s", "ownerB01", 1, 6, 6, s2), 2),
+			shared(granted(3, "s", "ownerC01", 2, 7, 7, s2), 2),
+		},
+		want: []ViolationKind{OverLimit},
+	}, {
+		name: "clean: any number of readers (limit 0)",
+		h: []Op{
+			shared(granted(1, "r", "ownerA01", 0, 5, 5, s2), 0),
+			shared(granted(2, "r", "ownerB01", 1, 6, 6, s2), 0),
+			shared(granted(3, "r", "ownerC01", 2, 7, 7, s2), 0),
+		},
+	}, {
+		name: "a writer granted while a reader holds",
+		h: []Op{
+			shared(granted(1, "r", "ownerA01", 0, 5, 5, s2), 0),
+			granted(2, "r", "ownerW01", 1, 50, 6, s2),
+		},
+		want: []ViolationKind{EarlyGrant},
+	}, {
+		name: "clean: a reader after the writer's release",
+		h: []Op{
+			granted(2, "r", "ownerW01", 0, 5, 5, s2),
+			released(2, "r", "ownerW01", 40, 42),
+			shared(granted(1, "r", "ownerA01", 10, 43, 8, s2), 0),
+		},
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := check(t, tc.h)
+			var got []ViolationKind
+			for _, v := range rep.Violations {
+				got = append(got, v.Kind)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("violations %v, want %v:\n%v", got, tc.want, rep.Violations)
+			}
+		})
 	}
 }

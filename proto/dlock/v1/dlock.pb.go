@@ -92,6 +92,13 @@ const (
 	// LOST: the grant (key, owner, fence) was ended by the server without a
 	// release by its owner; reason says why.
 	WatchEvent_LOST WatchEvent_Type = 2
+	// CHANGED: a grant of key, one of the request's keys, was made or
+	// ended (a grant, handover, release, expiry, force release, the start
+	// or end of a lock-delay), or the table was restored from a snapshot.
+	// A hint to read the key again (Inspect), only for keys the caller may
+	// lock or read; changes that come while a CHANGED of the key is still
+	// queued for the stream are folded into it.
+	WatchEvent_CHANGED WatchEvent_Type = 3
 )
 
 // Enum value maps for WatchEvent_Type.
@@ -100,11 +107,13 @@ var (
 		0: "TYPE_UNSPECIFIED",
 		1: "READY",
 		2: "LOST",
+		3: "CHANGED",
 	}
 	WatchEvent_Type_value = map[string]int32{
 		"TYPE_UNSPECIFIED": 0,
 		"READY":            1,
 		"LOST":             2,
+		"CHANGED":          3,
 	}
 )
 
@@ -408,8 +417,25 @@ type AcquireRequest struct {
 	// release), the key is granted to nobody for this
 	// long, so that a paused holder's in-flight writes land first (Chubby's
 	// and Consul's lock-delay). Unset: the server's default (--lock-delay).
-	// At most the TTL.
-	LockDelay     *durationpb.Duration `protobuf:"bytes,7,opt,name=lock_delay,json=lockDelay,proto3" json:"lock_delay,omitempty"`
+	// At most the TTL. A lost Shared grant keeps its permit taken (and the
+	// key closed to Exclusive grants) for its lock-delay.
+	LockDelay *durationpb.Duration `protobuf:"bytes,7,opt,name=lock_delay,json=lockDelay,proto3" json:"lock_delay,omitempty"`
+	// Shared asks for a Shared grant: one of up to limit grants of the key
+	// at once (a semaphore's permit), or of any number when limit is 0 (the
+	// read side of a read-write lock). Unset: the Exclusive grant, a plain
+	// lock, which excludes every other grant of the key. Each Shared grant has
+	// its own owner, TTL and fence (fences of a key strictly increase in
+	// grant order across both kinds) and is renewed, released and cancelled by
+	// (key, owner) as a plain lock. The key's queue is FIFO over both kinds:
+	// its head is granted as soon as the grants held allow, several Shared
+	// waiters at once when they can, so a waiting Exclusive request holds back
+	// every later Shared one (writer preference).
+	Shared bool `protobuf:"varint,8,opt,name=shared,proto3" json:"shared,omitempty"`
+	// Limit, with shared only: the key's permit limit, 1 to 10000, or 0 for
+	// no limit. A request whose limit differs from that of the key's Shared
+	// grants or waiters is refused: INVALID_ARGUMENT (reason LIMIT_MISMATCH),
+	// naming the key's limit. Nonzero without shared: INVALID_ARGUMENT.
+	Limit         uint32 `protobuf:"varint,9,opt,name=limit,proto3" json:"limit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -491,6 +517,20 @@ func (x *AcquireRequest) GetLockDelay() *durationpb.Duration {
 		return x.LockDelay
 	}
 	return nil
+}
+
+func (x *AcquireRequest) GetShared() bool {
+	if x != nil {
+		return x.Shared
+	}
+	return false
+}
+
+func (x *AcquireRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
 }
 
 type AcquireResponse struct {
@@ -1218,8 +1258,20 @@ type HolderInfo struct {
 	Ttl    *durationpb.Duration   `protobuf:"bytes,4,opt,name=ttl,proto3" json:"ttl,omitempty"`
 	// Remaining is the leader's estimate of the time left; unset on a
 	// follower.
-	Remaining     *durationpb.Duration `protobuf:"bytes,5,opt,name=remaining,proto3" json:"remaining,omitempty"`
-	Waiters       uint32               `protobuf:"varint,6,opt,name=waiters,proto3" json:"waiters,omitempty"`
+	Remaining *durationpb.Duration `protobuf:"bytes,5,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	Waiters   uint32               `protobuf:"varint,6,opt,name=waiters,proto3" json:"waiters,omitempty"`
+	// Shared: the key holds Shared grants (AcquireRequest.shared); fence,
+	// holder, ttl and remaining then describe its oldest live grant (lowest
+	// fence), holders counts its live grants, and limit is its permit limit
+	// (0: no limit). In List, a key with Shared grants has one entry per
+	// live grant (its own fence, holder, ttl and remaining), by fence, all
+	// in the same page (at most 1000 of them; holders counts them all).
+	Shared  bool   `protobuf:"varint,7,opt,name=shared,proto3" json:"shared,omitempty"`
+	Limit   uint32 `protobuf:"varint,8,opt,name=limit,proto3" json:"limit,omitempty"`
+	Holders uint32 `protobuf:"varint,9,opt,name=holders,proto3" json:"holders,omitempty"`
+	// Lost_grants: Shared grants lost without a release whose lock-delay
+	// still runs (their permits stay taken).
+	LostGrants    uint32 `protobuf:"varint,10,opt,name=lost_grants,json=lostGrants,proto3" json:"lost_grants,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1296,6 +1348,34 @@ func (x *HolderInfo) GetWaiters() uint32 {
 	return 0
 }
 
+func (x *HolderInfo) GetShared() bool {
+	if x != nil {
+		return x.Shared
+	}
+	return false
+}
+
+func (x *HolderInfo) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *HolderInfo) GetHolders() uint32 {
+	if x != nil {
+		return x.Holders
+	}
+	return 0
+}
+
+func (x *HolderInfo) GetLostGrants() uint32 {
+	if x != nil {
+		return x.LostGrants
+	}
+	return 0
+}
+
 type InspectResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Held: the key is held; info describes the grant.
@@ -1307,8 +1387,11 @@ type InspectResponse struct {
 	// granted yet: its last grant was lost without a release and its
 	// lock-delay has this long to run (the leader's estimate).
 	LockDelayRemaining *durationpb.Duration `protobuf:"bytes,4,opt,name=lock_delay_remaining,json=lockDelayRemaining,proto3" json:"lock_delay_remaining,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Grants lists each live Shared grant of a Shared key, oldest first (at
+	// most 1000; info.holders counts them all). Empty for other keys.
+	Grants        []*HolderInfo `protobuf:"bytes,5,rep,name=grants,proto3" json:"grants,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *InspectResponse) Reset() {
@@ -1369,10 +1452,19 @@ func (x *InspectResponse) GetLockDelayRemaining() *durationpb.Duration {
 	return nil
 }
 
+func (x *InspectResponse) GetGrants() []*HolderInfo {
+	if x != nil {
+		return x.Grants
+	}
+	return nil
+}
+
 type ListRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Prefix string                 `protobuf:"bytes,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
-	// Limit: at most this many; 0 = server default (1000).
+	// Limit: at most this many entries (a key with Shared grants counts one
+	// per grant and is never split over pages, so a page may exceed the limit
+	// by one such key when it is the page's first); 0 = server default (1000).
 	Limit uint32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
 	// PageToken: the next_page_token of the previous page; empty for the
 	// first page.
@@ -1542,11 +1634,15 @@ func (x *ForceReleaseRequest) GetReason() string {
 
 type ForceReleaseResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Removed describes the grant that was removed.
+	// Removed describes the grant that was removed (of a Shared key, whose
+	// every grant is removed: the oldest).
 	Removed *HolderInfo `protobuf:"bytes,1,opt,name=removed,proto3" json:"removed,omitempty"`
 	// NextFence is the fence of the waiter the key was handed to, or 0 (free,
 	// or in its lock-delay).
-	NextFence     uint64 `protobuf:"varint,2,opt,name=next_fence,json=nextFence,proto3" json:"next_fence,omitempty"`
+	NextFence uint64 `protobuf:"varint,2,opt,name=next_fence,json=nextFence,proto3" json:"next_fence,omitempty"`
+	// Removed_grants: how many grants were removed (1 for an Exclusive
+	// grant; each live Shared grant of a Shared key).
+	RemovedGrants uint32 `protobuf:"varint,3,opt,name=removed_grants,json=removedGrants,proto3" json:"removed_grants,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1595,10 +1691,20 @@ func (x *ForceReleaseResponse) GetNextFence() uint64 {
 	return 0
 }
 
+func (x *ForceReleaseResponse) GetRemovedGrants() uint32 {
+	if x != nil {
+		return x.RemovedGrants
+	}
+	return 0
+}
+
 type WatchRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Session: 8 to 128 bytes of printable ASCII.
-	Session       string `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	Session string `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	// Keys to watch (at most 100, each a valid key): the stream also sends
+	// CHANGED for each of them whose grants may have changed. Optional.
+	Keys          []string `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1638,6 +1744,13 @@ func (x *WatchRequest) GetSession() string {
 		return x.Session
 	}
 	return ""
+}
+
+func (x *WatchRequest) GetKeys() []string {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
 }
 
 type WatchEvent struct {
@@ -2297,7 +2410,7 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\aacquire\x18\x04 \x01(\v2\x19.dlock.v1.AcquireResponseH\x00R\aacquire\x125\n" +
 	"\arelease\x18\x05 \x01(\v2\x19.dlock.v1.ReleaseResponseH\x00R\arelease\x12/\n" +
 	"\x05renew\x18\x06 \x01(\v2\x17.dlock.v1.RenewResponseH\x00R\x05renewB\b\n" +
-	"\x06result\"\xe5\x01\n" +
+	"\x06result\"\x93\x02\n" +
 	"\x0eAcquireRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12+\n" +
@@ -2306,7 +2419,9 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\x04wait\x18\x05 \x01(\bR\x04wait\x12\x18\n" +
 	"\asession\x18\x06 \x01(\tR\asession\x128\n" +
 	"\n" +
-	"lock_delay\x18\a \x01(\v2\x19.google.protobuf.DurationR\tlockDelay\"\xba\x01\n" +
+	"lock_delay\x18\a \x01(\v2\x19.google.protobuf.DurationR\tlockDelay\x12\x16\n" +
+	"\x06shared\x18\b \x01(\bR\x06shared\x12\x14\n" +
+	"\x05limit\x18\t \x01(\rR\x05limit\"\xba\x01\n" +
 	"\x0fAcquireResponse\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\x12\x14\n" +
@@ -2355,7 +2470,7 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\acurrent\x18\x01 \x01(\bR\acurrent\x12#\n" +
 	"\rcurrent_fence\x18\x02 \x01(\x04R\fcurrentFence\"\"\n" +
 	"\x0eInspectRequest\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\tR\x03key\"\xcc\x01\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\"\xb5\x02\n" +
 	"\n" +
 	"HolderInfo\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
@@ -2363,12 +2478,19 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\x06holder\x18\x03 \x01(\tR\x06holder\x12+\n" +
 	"\x03ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x127\n" +
 	"\tremaining\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\tremaining\x12\x18\n" +
-	"\awaiters\x18\x06 \x01(\rR\awaiters\"\xb6\x01\n" +
+	"\awaiters\x18\x06 \x01(\rR\awaiters\x12\x16\n" +
+	"\x06shared\x18\a \x01(\bR\x06shared\x12\x14\n" +
+	"\x05limit\x18\b \x01(\rR\x05limit\x12\x18\n" +
+	"\aholders\x18\t \x01(\rR\aholders\x12\x1f\n" +
+	"\vlost_grants\x18\n" +
+	" \x01(\rR\n" +
+	"lostGrants\"\xe4\x01\n" +
 	"\x0fInspectResponse\x12\x12\n" +
 	"\x04held\x18\x01 \x01(\bR\x04held\x12(\n" +
 	"\x04info\x18\x02 \x01(\v2\x14.dlock.v1.HolderInfoR\x04info\x12\x18\n" +
 	"\awaiters\x18\x03 \x01(\rR\awaiters\x12K\n" +
-	"\x14lock_delay_remaining\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x12lockDelayRemaining\"Z\n" +
+	"\x14lock_delay_remaining\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x12lockDelayRemaining\x12,\n" +
+	"\x06grants\x18\x05 \x03(\v2\x14.dlock.v1.HolderInfoR\x06grants\"Z\n" +
 	"\vListRequest\x12\x16\n" +
 	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\rR\x05limit\x12\x1d\n" +
@@ -2379,24 +2501,27 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"?\n" +
 	"\x13ForceReleaseRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"e\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x8c\x01\n" +
 	"\x14ForceReleaseResponse\x12.\n" +
 	"\aremoved\x18\x01 \x01(\v2\x14.dlock.v1.HolderInfoR\aremoved\x12\x1d\n" +
 	"\n" +
-	"next_fence\x18\x02 \x01(\x04R\tnextFence\"(\n" +
+	"next_fence\x18\x02 \x01(\x04R\tnextFence\x12%\n" +
+	"\x0eremoved_grants\x18\x03 \x01(\rR\rremovedGrants\"<\n" +
 	"\fWatchRequest\x12\x18\n" +
-	"\asession\x18\x01 \x01(\tR\asession\"\xc4\x01\n" +
+	"\asession\x18\x01 \x01(\tR\asession\x12\x12\n" +
+	"\x04keys\x18\x02 \x03(\tR\x04keys\"\xd1\x01\n" +
 	"\n" +
 	"WatchEvent\x12-\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x19.dlock.v1.WatchEvent.TypeR\x04type\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x14\n" +
 	"\x05owner\x18\x03 \x01(\tR\x05owner\x12\x14\n" +
 	"\x05fence\x18\x04 \x01(\x04R\x05fence\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reason\"1\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\">\n" +
 	"\x04Type\x12\x14\n" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\t\n" +
 	"\x05READY\x10\x01\x12\b\n" +
-	"\x04LOST\x10\x02\",\n" +
+	"\x04LOST\x10\x02\x12\v\n" +
+	"\aCHANGED\x10\x03\",\n" +
 	"\x14ClusterStatusRequest\x12\x14\n" +
 	"\x05local\x18\x01 \x01(\bR\x05local\"\xa7\x02\n" +
 	"\fMemberStatus\x12\x0e\n" +
@@ -2528,46 +2653,47 @@ var file_dlock_v1_dlock_proto_depIdxs = []int32{
 	35, // 16: dlock.v1.HolderInfo.remaining:type_name -> google.protobuf.Duration
 	18, // 17: dlock.v1.InspectResponse.info:type_name -> dlock.v1.HolderInfo
 	35, // 18: dlock.v1.InspectResponse.lock_delay_remaining:type_name -> google.protobuf.Duration
-	18, // 19: dlock.v1.ListResponse.holders:type_name -> dlock.v1.HolderInfo
-	18, // 20: dlock.v1.ForceReleaseResponse.removed:type_name -> dlock.v1.HolderInfo
-	1,  // 21: dlock.v1.WatchEvent.type:type_name -> dlock.v1.WatchEvent.Type
-	35, // 22: dlock.v1.MemberStatus.last_contact:type_name -> google.protobuf.Duration
-	27, // 23: dlock.v1.ClusterStatusResponse.members:type_name -> dlock.v1.MemberStatus
-	4,  // 24: dlock.v1.Lock.Acquire:input_type -> dlock.v1.AcquireRequest
-	4,  // 25: dlock.v1.Lock.Wait:input_type -> dlock.v1.AcquireRequest
-	8,  // 26: dlock.v1.Lock.Renew:input_type -> dlock.v1.RenewRequest
-	11, // 27: dlock.v1.Lock.Release:input_type -> dlock.v1.ReleaseRequest
-	13, // 28: dlock.v1.Lock.CancelWait:input_type -> dlock.v1.CancelWaitRequest
-	15, // 29: dlock.v1.Lock.CheckFence:input_type -> dlock.v1.CheckFenceRequest
-	17, // 30: dlock.v1.Lock.Inspect:input_type -> dlock.v1.InspectRequest
-	20, // 31: dlock.v1.Lock.List:input_type -> dlock.v1.ListRequest
-	24, // 32: dlock.v1.Lock.Watch:input_type -> dlock.v1.WatchRequest
-	2,  // 33: dlock.v1.Lock.Session:input_type -> dlock.v1.SessionRequest
-	22, // 34: dlock.v1.Lock.ForceRelease:input_type -> dlock.v1.ForceReleaseRequest
-	26, // 35: dlock.v1.Cluster.Status:input_type -> dlock.v1.ClusterStatusRequest
-	29, // 36: dlock.v1.Cluster.AddVoter:input_type -> dlock.v1.AddVoterRequest
-	31, // 37: dlock.v1.Cluster.RemoveServer:input_type -> dlock.v1.RemoveServerRequest
-	33, // 38: dlock.v1.Cluster.TransferLeader:input_type -> dlock.v1.TransferLeaderRequest
-	5,  // 39: dlock.v1.Lock.Acquire:output_type -> dlock.v1.AcquireResponse
-	6,  // 40: dlock.v1.Lock.Wait:output_type -> dlock.v1.WaitEvent
-	10, // 41: dlock.v1.Lock.Renew:output_type -> dlock.v1.RenewResponse
-	12, // 42: dlock.v1.Lock.Release:output_type -> dlock.v1.ReleaseResponse
-	14, // 43: dlock.v1.Lock.CancelWait:output_type -> dlock.v1.CancelWaitResponse
-	16, // 44: dlock.v1.Lock.CheckFence:output_type -> dlock.v1.CheckFenceResponse
-	19, // 45: dlock.v1.Lock.Inspect:output_type -> dlock.v1.InspectResponse
-	21, // 46: dlock.v1.Lock.List:output_type -> dlock.v1.ListResponse
-	25, // 47: dlock.v1.Lock.Watch:output_type -> dlock.v1.WatchEvent
-	3,  // 48: dlock.v1.Lock.Session:output_type -> dlock.v1.SessionResponse
-	23, // 49: dlock.v1.Lock.ForceRelease:output_type -> dlock.v1.ForceReleaseResponse
-	28, // 50: dlock.v1.Cluster.Status:output_type -> dlock.v1.ClusterStatusResponse
-	30, // 51: dlock.v1.Cluster.AddVoter:output_type -> dlock.v1.AddVoterResponse
-	32, // 52: dlock.v1.Cluster.RemoveServer:output_type -> dlock.v1.RemoveServerResponse
-	34, // 53: dlock.v1.Cluster.TransferLeader:output_type -> dlock.v1.TransferLeaderResponse
-	39, // [39:54] is the sub-list for method output_type
-	24, // [24:39] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	18, // 19: dlock.v1.InspectResponse.grants:type_name -> dlock.v1.HolderInfo
+	18, // 20: dlock.v1.ListResponse.holders:type_name -> dlock.v1.HolderInfo
+	18, // 21: dlock.v1.ForceReleaseResponse.removed:type_name -> dlock.v1.HolderInfo
+	1,  // 22: dlock.v1.WatchEvent.type:type_name -> dlock.v1.WatchEvent.Type
+	35, // 23: dlock.v1.MemberStatus.last_contact:type_name -> google.protobuf.Duration
+	27, // 24: dlock.v1.ClusterStatusResponse.members:type_name -> dlock.v1.MemberStatus
+	4,  // 25: dlock.v1.Lock.Acquire:input_type -> dlock.v1.AcquireRequest
+	4,  // 26: dlock.v1.Lock.Wait:input_type -> dlock.v1.AcquireRequest
+	8,  // 27: dlock.v1.Lock.Renew:input_type -> dlock.v1.RenewRequest
+	11, // 28: dlock.v1.Lock.Release:input_type -> dlock.v1.ReleaseRequest
+	13, // 29: dlock.v1.Lock.CancelWait:input_type -> dlock.v1.CancelWaitRequest
+	15, // 30: dlock.v1.Lock.CheckFence:input_type -> dlock.v1.CheckFenceRequest
+	17, // 31: dlock.v1.Lock.Inspect:input_type -> dlock.v1.InspectRequest
+	20, // 32: dlock.v1.Lock.List:input_type -> dlock.v1.ListRequest
+	24, // 33: dlock.v1.Lock.Watch:input_type -> dlock.v1.WatchRequest
+	2,  // 34: dlock.v1.Lock.Session:input_type -> dlock.v1.SessionRequest
+	22, // 35: dlock.v1.Lock.ForceRelease:input_type -> dlock.v1.ForceReleaseRequest
+	26, // 36: dlock.v1.Cluster.Status:input_type -> dlock.v1.ClusterStatusRequest
+	29, // 37: dlock.v1.Cluster.AddVoter:input_type -> dlock.v1.AddVoterRequest
+	31, // 38: dlock.v1.Cluster.RemoveServer:input_type -> dlock.v1.RemoveServerRequest
+	33, // 39: dlock.v1.Cluster.TransferLeader:input_type -> dlock.v1.TransferLeaderRequest
+	5,  // 40: dlock.v1.Lock.Acquire:output_type -> dlock.v1.AcquireResponse
+	6,  // 41: dlock.v1.Lock.Wait:output_type -> dlock.v1.WaitEvent
+	10, // 42: dlock.v1.Lock.Renew:output_type -> dlock.v1.RenewResponse
+	12, // 43: dlock.v1.Lock.Release:output_type -> dlock.v1.ReleaseResponse
+	14, // 44: dlock.v1.Lock.CancelWait:output_type -> dlock.v1.CancelWaitResponse
+	16, // 45: dlock.v1.Lock.CheckFence:output_type -> dlock.v1.CheckFenceResponse
+	19, // 46: dlock.v1.Lock.Inspect:output_type -> dlock.v1.InspectResponse
+	21, // 47: dlock.v1.Lock.List:output_type -> dlock.v1.ListResponse
+	25, // 48: dlock.v1.Lock.Watch:output_type -> dlock.v1.WatchEvent
+	3,  // 49: dlock.v1.Lock.Session:output_type -> dlock.v1.SessionResponse
+	23, // 50: dlock.v1.Lock.ForceRelease:output_type -> dlock.v1.ForceReleaseResponse
+	28, // 51: dlock.v1.Cluster.Status:output_type -> dlock.v1.ClusterStatusResponse
+	30, // 52: dlock.v1.Cluster.AddVoter:output_type -> dlock.v1.AddVoterResponse
+	32, // 53: dlock.v1.Cluster.RemoveServer:output_type -> dlock.v1.RemoveServerResponse
+	34, // 54: dlock.v1.Cluster.TransferLeader:output_type -> dlock.v1.TransferLeaderResponse
+	40, // [40:55] is the sub-list for method output_type
+	25, // [25:40] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_dlock_v1_dlock_proto_init() }

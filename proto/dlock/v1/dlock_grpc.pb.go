@@ -76,10 +76,12 @@ type LockClient interface {
 	CheckFence(ctx context.Context, in *CheckFenceRequest, opts ...grpc.CallOption) (*CheckFenceResponse, error)
 	// Inspect describes the current grant of key.
 	Inspect(ctx context.Context, in *InspectRequest, opts ...grpc.CallOption) (*InspectResponse, error)
-	// List describes the held keys that start with prefix, sorted by key.
+	// List describes the held keys that start with prefix, sorted by key; a
+	// key with Shared grants has one HolderInfo per live grant, by fence.
 	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error)
 	// Watch streams the events of one client session: a READY event first,
-	// then LOST for each grant made with that session that the server expired.
+	// then LOST for each grant made with that session that the server expired,
+	// and CHANGED for each watched key (WatchRequest.keys) whose grants change.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEvent], error)
 	// Session carries many Acquire (wait = false), Release and Renew calls of
 	// one client over one long-lived stream, so that a call costs one message
@@ -92,8 +94,9 @@ type LockClient interface {
 	// shuts down; calls running on a stream that ends have unknown outcomes,
 	// as unary calls on a broken connection.
 	Session(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SessionRequest, SessionResponse], error)
-	// ForceRelease removes key's current grant whoever holds it: an
-	// operator's override for a holder known to be dead. The reason is
+	// ForceRelease removes key's current grant whoever holds it (of a key
+	// with Shared grants: every one of them, lost ones in their lock-delay
+	// too): an operator's override for a holder known to be dead. The reason is
 	// required and logged. The holder's Watch stream hears LOST at once, the
 	// key's lock-delay applies, and the next waiter is then granted with a
 	// greater fence. NOT_FOUND (reason NOT_HELD) when the key is free.
@@ -271,10 +274,12 @@ type LockServer interface {
 	CheckFence(context.Context, *CheckFenceRequest) (*CheckFenceResponse, error)
 	// Inspect describes the current grant of key.
 	Inspect(context.Context, *InspectRequest) (*InspectResponse, error)
-	// List describes the held keys that start with prefix, sorted by key.
+	// List describes the held keys that start with prefix, sorted by key; a
+	// key with Shared grants has one HolderInfo per live grant, by fence.
 	List(context.Context, *ListRequest) (*ListResponse, error)
 	// Watch streams the events of one client session: a READY event first,
-	// then LOST for each grant made with that session that the server expired.
+	// then LOST for each grant made with that session that the server expired,
+	// and CHANGED for each watched key (WatchRequest.keys) whose grants change.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchEvent]) error
 	// Session carries many Acquire (wait = false), Release and Renew calls of
 	// one client over one long-lived stream, so that a call costs one message
@@ -287,8 +292,9 @@ type LockServer interface {
 	// shuts down; calls running on a stream that ends have unknown outcomes,
 	// as unary calls on a broken connection.
 	Session(grpc.BidiStreamingServer[SessionRequest, SessionResponse]) error
-	// ForceRelease removes key's current grant whoever holds it: an
-	// operator's override for a holder known to be dead. The reason is
+	// ForceRelease removes key's current grant whoever holds it (of a key
+	// with Shared grants: every one of them, lost ones in their lock-delay
+	// too): an operator's override for a holder known to be dead. The reason is
 	// required and logged. The holder's Watch stream hears LOST at once, the
 	// key's lock-delay applies, and the next waiter is then granted with a
 	// greater fence. NOT_FOUND (reason NOT_HELD) when the key is free.
