@@ -45,6 +45,22 @@
 // its store can break fence monotonicity (Redis without persistence, for
 // example).
 //
+// # Bounded holds and resumed leases
+//
+// WithMaxHold(d) bounds a hold: no renewal is sent once d has passed since
+// the grant, and the lease ends at grant + d with cause ErrMaxHoldReached
+// (which matches ErrLeaseLost); the store expires the grant by its TTL, so a
+// stuck holder loses its lease at a time known in advance.
+//
+// Lease.Token returns a LeaseToken (key, owner token, fence, TTL; JSON), and
+// Locker.Resume re-attaches a restarted process to that grant while the
+// store still holds it, after the store confirms the owner and the fence:
+// the resumed lease has the same fence and behaves as a fresh one. Stores
+// whose grants outlive their client's connection resume (driver.Resumer:
+// dlockd, Redis, Redlock, mem, and the others their packages name);
+// ZooKeeper and PostgreSQL advisory locks, whose grants end with their
+// session, report ErrUnsupported.
+//
 // # Store outages
 //
 // dlock fails closed. A store that cannot be reached, is restarting or
@@ -144,10 +160,22 @@ var (
 	ErrReleased = driver.ErrReleased
 	// ErrUnsupported: the store cannot do the operation at all (Inspect or
 	// List on a store without an inspector, ForceRelease on a store without
-	// an override); retrying cannot help. It is errors.ErrUnsupported itself,
+	// an override, Resume on a store whose grants die with their session);
+	// retrying cannot help. It is errors.ErrUnsupported itself,
 	// so errors.Is matches either name.
 	ErrUnsupported = errors.ErrUnsupported
+	// ErrMaxHoldReached: the lease ended because its WithMaxHold bound
+	// passed; the cause of its context and its Err then. It matches
+	// ErrLeaseLost too (errors.Is), so code that stops on a lost lease stops
+	// on it as well; test ErrMaxHoldReached first to tell them apart.
+	ErrMaxHoldReached error = maxHoldError{}
 )
+
+// maxHoldError is ErrMaxHoldReached: a loss by the holder's own bound.
+type maxHoldError struct{}
+
+func (maxHoldError) Error() string        { return "maximum hold time reached" }
+func (maxHoldError) Is(target error) bool { return target == ErrLeaseLost }
 
 // Limits of keys and TTLs, the same for every store.
 const (
@@ -181,6 +209,9 @@ type Locker struct {
 	mu     sync.Mutex
 	closed bool
 	leases map[*Lease]struct{}
+
+	parent *Locker              // set on a view (View): closes with it, does not own drv
+	views  map[*Locker]struct{} // open views of this Locker
 }
 
 // Open opens a Locker on the store named by rawURL, choosing the driver by
@@ -406,9 +437,20 @@ func (l *Locker) Close() error {
 	for ls := range l.leases {
 		leases = append(leases, ls)
 	}
+	views := make([]*Locker, 0, len(l.views))
+	for v := range l.views {
+		views = append(views, v)
+	}
 	l.mu.Unlock()
 	l.closeCancel(ErrClosed)
 	var wg sync.WaitGroup
+	for _, v := range views {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v.Close()
+		}()
+	}
 	for _, ls := range leases {
 		wg.Add(1)
 		go func() {
@@ -418,6 +460,12 @@ func (l *Locker) Close() error {
 	}
 	wg.Wait()
 	l.cleanups.Wait()
+	if l.parent != nil {
+		l.parent.mu.Lock()
+		delete(l.parent.views, l)
+		l.parent.mu.Unlock()
+		return nil // a view does not own its driver
+	}
 	return l.drv.Close()
 }
 
@@ -457,6 +505,9 @@ func validateOptions(o options) error {
 	}
 	if err := ValidateHolder(o.holder); err != nil {
 		return err
+	}
+	if o.maxHold < 0 {
+		return fmt.Errorf("%w: max hold %v is negative", ErrInvalidArgument, o.maxHold)
 	}
 	if o.retrySet && o.retryFor < 0 {
 		return fmt.Errorf("%w: retry budget %v is negative", ErrInvalidArgument, o.retryFor)

@@ -17,6 +17,9 @@ const (
 	stateLost
 	stateReleased
 	stateClosed
+	// stateMaxHold: ended by WithMaxHold; the grant is still on the store
+	// (it expires by its TTL), so Release and Close still release it.
+	stateMaxHold
 )
 
 // Lease is one grant of one key. It renews itself in the background until it
@@ -46,6 +49,9 @@ type Lease struct {
 	relErr    error       // the store release's result, reported to every Release
 	deadline  time.Time   // monotonic validity deadline
 	lossTimer *time.Timer // fires at deadline
+
+	maxHoldAt time.Time   // start + WithMaxHold; zero: no bound
+	holdTimer *time.Timer // fires at maxHoldAt
 }
 
 func (l *Locker) newLease(req driver.AcquireRequest, g driver.Grant, sent time.Time, o options) (*Lease, error) {
@@ -68,6 +74,10 @@ func (l *Locker) newLease(req driver.AcquireRequest, g driver.Grant, sent time.T
 	l.leases[ls] = struct{}{}
 	ls.mu.Lock()
 	ls.lossTimer = time.AfterFunc(time.Until(ls.deadline), ls.onDeadline)
+	if o.maxHold > 0 {
+		ls.maxHoldAt = sent.Add(o.maxHold)
+		ls.holdTimer = time.AfterFunc(time.Until(ls.maxHoldAt), ls.onMaxHold)
+	}
 	ls.mu.Unlock()
 	l.mu.Unlock()
 	go ls.heartbeat(g.Lost, g.Recheck)
@@ -79,11 +89,18 @@ func (l *Locker) degradedLease(req driver.AcquireRequest, o options) *Lease {
 	hbCtx, hbCancel := context.WithCancel(context.Background())
 	hbDone := make(chan struct{})
 	close(hbDone)
-	return &Lease{
+	ls := &Lease{
 		locker: l, key: req.Key, owner: req.Owner, degraded: true, opts: o,
 		start: time.Now(), ctx: ctx, cancel: cancel, done: make(chan struct{}),
 		hbCtx: hbCtx, hbCancel: hbCancel, hbDone: hbDone, ended: make(chan struct{}),
 	}
+	if o.maxHold > 0 { // the work is bounded even without a store
+		ls.mu.Lock()
+		ls.maxHoldAt = ls.start.Add(o.maxHold)
+		ls.holdTimer = time.AfterFunc(o.maxHold, ls.onMaxHold)
+		ls.mu.Unlock()
+	}
+	return ls
 }
 
 // Key returns the lock name.
@@ -155,6 +172,8 @@ func (ls *Lease) end(ctx context.Context, reason error) error {
 		err := ls.err
 		ls.mu.Unlock()
 		return err
+	case stateMaxHold:
+		return ls.endMaxHeld(ctx, reason) // unlocks ls.mu
 	case stateReleased, stateClosed:
 		// A release is under way or done: wait for it and report its
 		// result, so that every caller learns whether the store let go.
@@ -179,6 +198,9 @@ func (ls *Lease) end(ctx context.Context, reason error) error {
 	ls.err = l.wrap("release", ls.key, reason)
 	if ls.lossTimer != nil {
 		ls.lossTimer.Stop()
+	}
+	if ls.holdTimer != nil {
+		ls.holdTimer.Stop()
 	}
 	ls.mu.Unlock()
 	defer close(ls.ended)
@@ -242,6 +264,9 @@ func (ls *Lease) lose(reason string, cause error) {
 	ls.state = stateLost
 	ls.err = l.wrap("lease", ls.key, fmt.Errorf("%w (%s): %w", ErrLeaseLost, reason, cause))
 	ls.lossTimer.Stop()
+	if ls.holdTimer != nil {
+		ls.holdTimer.Stop()
+	}
 	err := ls.err
 	ls.mu.Unlock()
 
@@ -277,7 +302,17 @@ func (ls *Lease) heartbeat(pushedLoss, recheck <-chan struct{}) {
 	failures := 0
 	var lastSent time.Time // the last renewal's start
 	for {
-		t := time.NewTimer(time.Until(next))
+		var beat <-chan time.Time
+		var t *time.Timer
+		if ls.maxHoldAt.IsZero() || next.Before(ls.maxHoldAt) {
+			t = time.NewTimer(time.Until(next))
+			beat = t.C
+		} else {
+			// WithMaxHold: no renewal is sent at or after grant + d; the
+			// hold timer ends the lease, which stops this loop.
+			t = time.NewTimer(time.Hour)
+			t.Stop()
+		}
 		select {
 		case <-ls.hbCtx.Done():
 			t.Stop()
@@ -288,6 +323,9 @@ func (ls *Lease) heartbeat(pushedLoss, recheck <-chan struct{}) {
 			return
 		case <-recheck:
 			t.Stop()
+			if !ls.maxHoldAt.IsZero() && !time.Now().Before(ls.maxHoldAt) {
+				continue
+			}
 			if wait := time.Until(lastSent.Add(recheckGap)); wait > 0 {
 				// Hints come too fast: renew at the end of the gap (or
 				// at the next beat, if that comes first).
@@ -296,7 +334,7 @@ func (ls *Lease) heartbeat(pushedLoss, recheck <-chan struct{}) {
 				}
 				continue
 			}
-		case <-t.C:
+		case <-beat:
 		}
 		sent := time.Now()
 		lastSent = sent

@@ -38,7 +38,8 @@ type options struct {
 	keyClass   string
 	observer   Observer
 	storeName  string
-	storeAddr  string // the store's redacted URL, for error messages (Open)
+	storeAddr  string        // the store's redacted URL, for error messages (Open)
+	maxHold    time.Duration // 0: no bound (WithMaxHold)
 }
 
 func defaultOptions() options {
@@ -167,6 +168,34 @@ func WithKeyClass(class string) Option {
 // events; see package dlock/metrics for a Prometheus collector. Zero value:
 // no observer.
 func WithObserver(obs Observer) Option { return func(o *options) { o.observer = obs } }
+
+// WithMaxHold bounds how long a lease is held: its heartbeat sends no
+// renewal once d has passed since the grant (measured, like validity, from
+// the moment the acquisition request was sent, on this process's monotonic
+// clock), and at grant + d at the latest the lease ends: Done closes and
+// Context is cancelled with cause ErrMaxHoldReached (which matches
+// ErrLeaseLost, so loss handling that already exists stops the work). A
+// holder that is stuck, or a job that runs away, so loses its lease at a
+// time known in advance instead of keeping it as long as its process lives.
+// No anchor (Chubby, ZooKeeper, etcd, Redisson) offers this; it is dlock's.
+//
+// On the store the grant is not released at that moment: renewals stop and
+// it expires by its TTL, at most a TTL after the last renewal sent before
+// grant + d. A successor therefore starts no earlier than that, which leaves
+// a holder that has not yet noticed the cancelled context at least a TTL
+// minus a heartbeat interval to stop (or to have its late writes land
+// before the successor's), as after any other loss; a stuck process cannot
+// be trusted to send a release anyway. A holder that did stop can call
+// Release: it still removes the grant on the store (owner-checked, so never
+// a successor's), letting the next holder in at once, and returns the
+// ErrMaxHoldReached error, so that the caller learns its work was cut
+// short.
+//
+// Zero value: no bound. A negative d fails the acquisition with
+// ErrInvalidArgument. Given to Resume, d counts from the resumption (the
+// original grant's time is not known to a new process without comparing
+// wall clocks).
+func WithMaxHold(d time.Duration) Option { return func(o *options) { o.maxHold = d } }
 
 // retryBudget returns how long an acquisition retries transient store
 // errors after the first one of an outage; negative: until ctx ends.

@@ -22,6 +22,14 @@ var ErrCutOff = errors.New("dlocktest: driver cut off from the store")
 // through the Logf given to NewFaultDriver. It forwards the wrapped driver's
 // optional capabilities Waiter and Inspector (not Hinter: hints only
 // shorten waits) unless built with WithoutWaiter.
+//
+// It also forwards driver.SharedLocker, driver.Resumer and
+// driver.KeyWatcher, always implementing them: when the wrapped driver
+// lacks one, the call returns an error matching errors.ErrUnsupported, as a
+// store without the capability does. A view returned by SharedView goes
+// through the same injectors (BlockRenewals, BlockRenewalsOf, CutOff,
+// Delay, Freeze, DropReleaseReplies) and counters (Refused, Waiting) as the
+// FaultDriver's own calls, and Faults of the view returns the FaultDriver.
 type FaultDriver struct {
 	inner driver.Driver
 	logf  func(format string, args ...any)
@@ -32,6 +40,8 @@ type FaultDriver struct {
 	cut         bool
 	delay       time.Duration
 	dropRelease bool
+	frozen      chan struct{}  // non-nil while frozen; closed by the thaw
+	noWaiter    bool           // built by WithoutWaiter: views hide Waiter too
 	refused     map[string]int // TryAcquire answers of ErrNotAcquired, by key
 	waiting     map[string]int // Wait calls in flight, by key
 }
@@ -58,6 +68,14 @@ func Faults(d driver.Driver) *FaultDriver {
 		return x.FaultDriver
 	case *faultInspector:
 		return x.FaultDriver
+	case *faultView:
+		return x.f
+	case *faultViewWaiter:
+		return x.f
+	case *faultViewInspector:
+		return x.f
+	case *faultViewFull:
+		return x.f
 	}
 	return nil
 }
@@ -66,7 +84,7 @@ func Faults(d driver.Driver) *FaultDriver {
 // package then waits by backoff polling. Used to run the suite over both
 // waiting paths of one store.
 func WithoutWaiter(d driver.Driver) driver.Driver {
-	f := &FaultDriver{inner: d, logf: func(string, ...any) {}}
+	f := &FaultDriver{inner: d, logf: func(string, ...any) {}, noWaiter: true}
 	if _, ok := d.(driver.Inspector); ok {
 		return &faultInspector{f}
 	}
@@ -160,6 +178,24 @@ func (f *FaultDriver) DropReleaseReplies(on bool) {
 	f.logf("faults: release replies %s", onOff(on, "dropped after the store acted", "delivered"))
 }
 
+// Freeze makes every call hang (a client process paused by SIGSTOP or a
+// long GC, with its requests in flight) until Freeze(false) thaws it, when
+// each hung call goes on to the store late, as a resumed process's would;
+// a call whose context ends first returns its error without reaching the
+// store.
+func (f *FaultDriver) Freeze(on bool) {
+	f.mu.Lock()
+	switch {
+	case on && f.frozen == nil:
+		f.frozen = make(chan struct{})
+	case !on && f.frozen != nil:
+		close(f.frozen)
+		f.frozen = nil
+	}
+	f.mu.Unlock()
+	f.logf("faults: driver %s", onOff(on, "frozen: calls hang until thawed", "thawed: hung calls go on to the store"))
+}
+
 func onOff(on bool, yes, no string) string {
 	if on {
 		return yes
@@ -169,8 +205,15 @@ func onOff(on bool, yes, no string) string {
 
 func (f *FaultDriver) before(ctx context.Context) error {
 	f.mu.Lock()
-	cut, delay := f.cut, f.delay
+	cut, delay, frozen := f.cut, f.delay, f.frozen
 	f.mu.Unlock()
+	if frozen != nil {
+		select {
+		case <-frozen:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	if delay > 0 {
 		t := time.NewTimer(delay)
 		select {
@@ -188,10 +231,14 @@ func (f *FaultDriver) before(ctx context.Context) error {
 
 // TryAcquire implements driver.Driver.
 func (f *FaultDriver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	return f.tryAcquire(ctx, f.inner, req)
+}
+
+func (f *FaultDriver) tryAcquire(ctx context.Context, inner driver.Driver, req driver.AcquireRequest) (driver.Grant, error) {
 	if err := f.before(ctx); err != nil {
 		return driver.Grant{}, err
 	}
-	g, err := f.inner.TryAcquire(ctx, req)
+	g, err := inner.TryAcquire(ctx, req)
 	if errors.Is(err, driver.ErrNotAcquired) {
 		f.mu.Lock()
 		if f.refused == nil {
@@ -205,25 +252,42 @@ func (f *FaultDriver) TryAcquire(ctx context.Context, req driver.AcquireRequest)
 
 // Renew implements driver.Driver.
 func (f *FaultDriver) Renew(ctx context.Context, key, owner string, ttl time.Duration) error {
-	if err := f.before(ctx); err != nil {
-		return err
-	}
+	return f.renew(ctx, f.inner, key, owner, ttl)
+}
+
+// renewBlocked hangs until ctx ends when renewals of key are blocked, and
+// reports whether they were.
+func (f *FaultDriver) renewBlocked(ctx context.Context, key string) (bool, error) {
 	f.mu.Lock()
 	block := f.blockRenew || f.blockKeys[key]
 	f.mu.Unlock()
-	if block {
-		<-ctx.Done()
-		return fmt.Errorf("dlocktest: renewal blocked: %w", ctx.Err())
+	if !block {
+		return false, nil
 	}
-	return f.inner.Renew(ctx, key, owner, ttl)
+	<-ctx.Done()
+	return true, fmt.Errorf("dlocktest: renewal blocked: %w", ctx.Err())
+}
+
+func (f *FaultDriver) renew(ctx context.Context, inner driver.Driver, key, owner string, ttl time.Duration) error {
+	if err := f.before(ctx); err != nil {
+		return err
+	}
+	if blocked, err := f.renewBlocked(ctx, key); blocked {
+		return err
+	}
+	return inner.Renew(ctx, key, owner, ttl)
 }
 
 // Release implements driver.Driver.
 func (f *FaultDriver) Release(ctx context.Context, key, owner string) error {
+	return f.release(ctx, f.inner, key, owner)
+}
+
+func (f *FaultDriver) release(ctx context.Context, inner driver.Driver, key, owner string) error {
 	if err := f.before(ctx); err != nil {
 		return err
 	}
-	err := f.inner.Release(ctx, key, owner)
+	err := inner.Release(ctx, key, owner)
 	f.mu.Lock()
 	drop := f.dropRelease
 	f.mu.Unlock()
@@ -240,6 +304,10 @@ func (f *FaultDriver) Close() error { return f.inner.Close() }
 func (f *FaultDriver) Inner() driver.Driver { return f.inner }
 
 func (f *FaultDriver) wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	return f.waitVia(ctx, f.inner, req)
+}
+
+func (f *FaultDriver) waitVia(ctx context.Context, inner driver.Driver, req driver.AcquireRequest) (driver.Grant, error) {
 	if err := f.before(ctx); err != nil {
 		return driver.Grant{}, err
 	}
@@ -254,21 +322,29 @@ func (f *FaultDriver) wait(ctx context.Context, req driver.AcquireRequest) (driv
 		f.waiting[req.Key]--
 		f.mu.Unlock()
 	}()
-	return f.inner.(driver.Waiter).Wait(ctx, req)
+	return inner.(driver.Waiter).Wait(ctx, req)
 }
 
 func (f *FaultDriver) inspect(ctx context.Context, key string) (driver.HolderInfo, error) {
+	return f.inspectVia(ctx, f.inner, key)
+}
+
+func (f *FaultDriver) inspectVia(ctx context.Context, inner driver.Driver, key string) (driver.HolderInfo, error) {
 	if err := f.before(ctx); err != nil {
 		return driver.HolderInfo{}, err
 	}
-	return f.inner.(driver.Inspector).Inspect(ctx, key)
+	return inner.(driver.Inspector).Inspect(ctx, key)
 }
 
 func (f *FaultDriver) list(ctx context.Context, prefix string) ([]driver.HolderInfo, error) {
+	return f.listVia(ctx, f.inner, prefix)
+}
+
+func (f *FaultDriver) listVia(ctx context.Context, inner driver.Driver, prefix string) ([]driver.HolderInfo, error) {
 	if err := f.before(ctx); err != nil {
 		return nil, err
 	}
-	return f.inner.(driver.Inspector).List(ctx, prefix)
+	return inner.(driver.Inspector).List(ctx, prefix)
 }
 
 func (f *faultWaiter) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {

@@ -90,6 +90,12 @@ func Subtests(h Harness) []Subtest {
 		{"AcquireAll_OppositeOrdersNoDeadlock", s.testAcquireAllOrder},
 		{"AcquireAll_OneLostLosesSet", s.testAcquireAllLost},
 		{"Close_EndsLeasesAndAcquisitions", s.testClose},
+		{"Lease_MaxHoldStopsRenewing", s.testMaxHold},
+		{"Lease_Resume", s.testResume},
+		{"Recipe_Election", s.testElection},
+		{"Recipe_Semaphore", s.testSemaphore},
+		{"Recipe_RWLock", s.testRWLock},
+		{"Recipe_Once", s.testOnce},
 		{"Goroutines_NoLeak", s.testNoLeak},
 	}
 }

@@ -29,6 +29,13 @@
 //   - Waiter: waits for a key by the store's own notification (a server-side
 //     queue or a watch on the predecessor) instead of backoff polling.
 //   - Inspector: reports the current holder of a key and lists held keys.
+//   - KeyWatcher: notifies a reader that holds nothing when a key's grant
+//     may have changed (dlockd's key watch, etcd and ZooKeeper watches;
+//     watch.go).
+//   - Resumer: confirms and renews a grant that another process made, by
+//     owner token and fence, so that a restarted process keeps its lease
+//     (shared.go). Every store but ZooKeeper and pgadvisory, whose grants
+//     end with the session that made them.
 //
 // A driver that can push loss sets Grant.Lost; one that can only hint that
 // a grant may be gone sets Grant.Recheck, which the root package answers by

@@ -85,15 +85,25 @@
 // state (a lease already broken or expired is ErrLeaseLost and is left
 // alone) and then releases by lease ID. A refusal by the service
 // (LeaseIdMismatchWithLeaseOperation, LeaseNotPresentWithLeaseOperation,
-// LeaseIsBrokenAndCannotBeRenewed, a missing blob) is ErrLeaseLost; any
-// other failure is a store error, which the root package retries until the
+// LeaseIsBrokenAndCannotBeRenewed, a missing blob) is ErrLeaseLost, and
+// so is an answer that the lease is being broken
+// (LeaseIsBreakingAndCannotBeChanged, LeaseIsBreakingAndCannotBeAcquired:
+// a force release with a break period is under way, and the holder's
+// grant ends with it; another owner's TryAcquire of a breaking lease is
+// ErrNotAcquired); any other failure is a store error, which the root package retries until the
 // lease's validity deadline. A renewal whose reply was lost is therefore
 // never taken for a loss: the next renewal asks the service again, and the
 // service answers by lease ID, which still names the holder while its lease
 // lasts. The blob and its counter stay after a release.
 //
-// ForceRelease (dlock release --force) breaks the lease with a break period
-// of 0; the next grant gets a greater fence, so a holder that was still
+// ForceRelease (dlock release --force) reads the lease state, the grant's
+// metadata and the ETag, and breaks the lease with a break period of 0
+// conditioned on If-Match on that ETag, so it removes only the grant it
+// read and reports: a grant made since the read (every grant writes the
+// metadata, which moves the ETag) is left alone, and the call returns an
+// error saying that the key changed (a plain error, like the other
+// drivers' force releases: running it again reads and breaks the new
+// grant). The next grant gets a greater fence, so a holder that was still
 // alive is fenced out. Azure keeps no log of the reason.
 //
 // The algorithm is Azure's lease semantics as documented for Lease Blob
@@ -127,7 +137,12 @@
 //   - driver.Inspector: Inspect and List read the lease state and the
 //     metadata. Remaining is always 0: the service does not tell how long
 //     a lease has left. Waiters is -1 (polling waiters are not recorded).
-//   - driver.ForceReleaser: ForceRelease breaks the lease.
+//   - driver.ForceReleaser: ForceRelease breaks the lease it read (see
+//     "How it works").
+//   - driver.Resumer: the lease ID derives from the owner token, so a
+//     restarted process resumes its grant (Locker.Resume): the fence and
+//     lease state read, then a renewal by lease ID under If-Match (see
+//     Resume).
 //   - No driver.Waiter and no hints: waiting is the root package's
 //     full-jitter backoff polling (each poll of a held key is one read).
 //   - Grant.Lost is not set: the service cannot push loss; the root
@@ -138,9 +153,23 @@
 //   - The service's clock rate decides expiry; the client's wall clock is
 //     never compared with it.
 //   - A lock blob is never deleted, and its metadata never written by
-//     anything but this driver. Deleting a blob (or the container) resets
-//     its fence counter to 0: fences of that key would repeat. Azure offers
-//     no service-wide sequence to draw fences from that would survive it.
+//     anything but this driver. The driver cannot promise fences across a
+//     deletion: the acquisition path recreates a missing blob (and, with
+//     create_container, the default, a missing container) without being
+//     able to tell it from a key's first use, so after a blob or the
+//     container is deleted the key's fences restart at 1 and repeat
+//     fences issued before. Azure offers no service-wide sequence to draw
+//     fences from that would survive it. Keep lifecycle rules and
+//     operators away from the container, and open with
+//     create_container=false where the container is made by hand, so that
+//     a deleted container fails acquisitions (driver.ErrInvalidArgument)
+//     instead of being recreated silently.
+//   - A lock blob whose fence counter (dlockfence) does not parse, or
+//     cannot advance (2^64 − 1), is a permanent fault of the blob, not an
+//     outage: TryAcquire of its key fails with an error matching
+//     driver.ErrInvalidArgument that names the blob and what is wrong
+//     (never driver.ErrUnavailable, so WithFailOpen never runs work
+//     unlocked because of it), and leaves the blob as it is.
 //   - An inspection of a key whose grant is half-way (the lease acquired,
 //     its metadata not yet written, or never written because the attempt
 //     failed) shows the previous grant's fence and holder.
@@ -148,6 +177,12 @@
 //     force release that lands between a holder's read and its release
 //     lets that release succeed on the broken lease (the service accepts a
 //     release by the broken lease's ID); nothing else held the key then.
+//     A force release whose read saw grant G and whose break lands while
+//     the next grant is half-way (its lease acquired after G ended, its
+//     metadata not yet written, so the ETag has not moved) breaks that
+//     lease and reports G: the half-way grant then fails its metadata
+//     write and is never granted (its TryAcquire is ErrNotAcquired), so no
+//     granted holder loses its lease to a break meant for another.
 //
 // # The Azurite emulator
 //
@@ -167,6 +202,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"sort"
@@ -186,6 +222,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/lease"
 
 	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/internal/urlparam"
 )
 
 func init() {
@@ -217,8 +254,8 @@ type Options struct {
 }
 
 // Driver is a dlock driver over Azure blob leases. It implements
-// driver.Driver, driver.Inspector and driver.ForceReleaser, and is safe for
-// concurrent use.
+// driver.Driver, driver.Inspector, driver.ForceReleaser and
+// driver.Resumer, and is safe for concurrent use.
 type Driver struct {
 	c               *container.Client
 	createContainer bool
@@ -423,9 +460,10 @@ func (d *Driver) tryAcquire(ctx context.Context, req driver.AcquireRequest, secs
 	}})
 	if err != nil {
 		if bloberror.HasCode(err, bloberror.ConditionNotMet, bloberror.LeaseLost, bloberror.LeaseIDMismatchWithBlobOperation,
-			bloberror.LeaseNotPresentWithBlobOperation, bloberror.LeaseIDMissing) {
-			// The lease was broken (or expired and taken) between the
-			// acquire and this write: no grant.
+			bloberror.LeaseNotPresentWithBlobOperation, bloberror.LeaseIDMissing,
+			bloberror.LeaseIsBreakingAndCannotBeAcquired, bloberror.LeaseIsBreakingAndCannotBeChanged) {
+			// The lease was broken, or is being broken (or expired and
+			// was taken), between the acquire and this write: no grant.
 			return driver.Grant{}, driver.ErrNotAcquired
 		}
 		// Ambiguous: the write may have happened. The root package
@@ -453,7 +491,10 @@ func (d *Driver) readForGrant(ctx context.Context, name string) (uint64, azcore.
 			}
 			fence, err := fenceOf(props.Metadata)
 			if err != nil {
-				return 0, "", fmt.Errorf("azblobdriver: acquire: blob %s: %w", name, err)
+				return 0, "", corrupt(name, err.Error())
+			}
+			if fence == math.MaxUint64 {
+				return 0, "", corrupt(name, fmt.Sprintf("its fence counter %d cannot advance (no greater 64-bit fence exists)", fence))
 			}
 			return fence, *props.ETag, nil
 		case try > 0 || !bloberror.HasCode(err, bloberror.BlobNotFound, bloberror.ContainerNotFound):
@@ -473,6 +514,15 @@ func (d *Driver) readForGrant(ctx context.Context, name string) (uint64, azcore.
 		}
 		// Another client created it first: read it (once).
 	}
+}
+
+// corrupt is the error of a lock blob whose metadata the driver cannot use
+// (a fence counter that does not parse or cannot advance): a permanent
+// fault of the blob, not an outage, so it matches
+// driver.ErrInvalidArgument (retrying cannot help; WithFailOpen never runs
+// work because of it), never driver.ErrUnavailable.
+func corrupt(name, why string) error {
+	return urlparam.Invalid("azblobdriver: acquire: blob %s: %s: a permanent fault of the blob's metadata, not an outage (repair it)", name, why)
 }
 
 // createBlob creates an empty lock blob with fence 0, only if none exists.
@@ -536,11 +586,15 @@ func fenceOf(md map[string]*string) (uint64, error) {
 }
 
 // lostCodes are the service's answers that say a lease ID does not hold
-// the blob's lease.
+// the blob's lease, or holds it only until a break under way ends it: a
+// lease that is breaking (LeaseIsBreakingAndCannotBeAcquired,
+// LeaseIsBreakingAndCannotBeChanged) is being force-released, so for its
+// holder it is lost, never an outage.
 var lostCodes = []bloberror.Code{
 	bloberror.LeaseIDMismatchWithLeaseOperation, bloberror.LeaseNotPresentWithLeaseOperation,
 	bloberror.LeaseIsBrokenAndCannotBeRenewed, bloberror.LeaseAlreadyBroken, bloberror.BlobNotFound,
 	bloberror.ContainerNotFound,
+	bloberror.LeaseIsBreakingAndCannotBeAcquired, bloberror.LeaseIsBreakingAndCannotBeChanged,
 }
 
 // Renew implements driver.Driver: Lease Blob (renew) with the owner's lease
@@ -733,8 +787,11 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]driver.HolderInfo, 
 }
 
 // ForceRelease implements driver.ForceReleaser: it breaks the key's lease
-// with a break period of 0 and returns the grant it read just before. The
-// reason is not kept (the service has no log for it).
+// with a break period of 0, conditioned on the ETag it read, and returns
+// the grant it read just before. When the key was granted again between
+// the read and the break, nothing is broken and the error says the key
+// changed (run it again to break the new grant). The reason is not kept
+// (the service has no log for it).
 func (d *Driver) ForceRelease(ctx context.Context, key, reason string) (driver.HolderInfo, error) {
 	if err := driver.CheckKey(key); err != nil {
 		return driver.HolderInfo{}, fmt.Errorf("azblobdriver: force release: %w", err)
@@ -756,17 +813,35 @@ func (d *Driver) ForceRelease(ctx context.Context, key, reason string) (driver.H
 	if !held(props.LeaseState) {
 		return free, fmt.Errorf("azblobdriver: force release %q: %w", key, driver.ErrNotAcquired)
 	}
+	if props.ETag == nil {
+		return driver.HolderInfo{}, fmt.Errorf("azblobdriver: force release %q: the service returned no ETag for blob %s", key, blobName(key))
+	}
+	hi := info(key, props.Metadata)
 	lc, err := lease.NewBlobClient(bc, nil)
 	if err != nil {
 		return driver.HolderInfo{}, fmt.Errorf("azblobdriver: force release: %w", err)
 	}
-	if _, err := lc.BreakLease(ctx, &lease.BlobBreakOptions{BreakPeriod: to.Ptr(int32(0))}); err != nil {
-		if bloberror.HasCode(err, bloberror.LeaseNotPresentWithLeaseOperation, bloberror.BlobNotFound) {
+	// If-Match on the ETag read: every grant writes the blob's metadata,
+	// so a grant made since the read (after the one read was released,
+	// broken or expired) has moved the ETag and is never broken here.
+	_, err = lc.BreakLease(ctx, &lease.BlobBreakOptions{
+		BreakPeriod:              to.Ptr(int32(0)),
+		ModifiedAccessConditions: &blob.ModifiedAccessConditions{IfMatch: props.ETag},
+	})
+	if err != nil {
+		switch {
+		case bloberror.HasCode(err, bloberror.LeaseNotPresentWithLeaseOperation, bloberror.BlobNotFound, bloberror.ContainerNotFound):
 			return free, fmt.Errorf("azblobdriver: force release %q: %w", key, driver.ErrNotAcquired)
+		case bloberror.HasCode(err, bloberror.ConditionNotMet):
+			// Another grant came after the one read: it is not the one
+			// this call reports, so it is left alone. Like the other
+			// drivers' force releases, a plain error: running it again
+			// reads and breaks the new grant.
+			return driver.HolderInfo{}, fmt.Errorf("azblobdriver: force release %q: the key changed since it was read (the grant of fence %d ended and the key was granted again); nothing was broken, run it again", key, hi.Fence)
 		}
 		return driver.HolderInfo{}, storeErr("force release", err)
 	}
-	return info(key, props.Metadata), nil
+	return hi, nil
 }
 
 // storeError is a failure of one request to the Blob service, shown in

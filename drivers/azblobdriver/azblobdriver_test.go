@@ -157,6 +157,17 @@ func (tr *tracked) TryAcquire(ctx context.Context, req driver.AcquireRequest) (d
 	return g, err
 }
 
+// Resume records a resumed grant as TryAcquire records a new one.
+func (tr *tracked) Resume(ctx context.Context, req driver.AcquireRequest, fence uint64) (driver.Grant, error) {
+	g, err := tr.Driver.Resume(ctx, req, fence)
+	if err == nil {
+		tr.mu.Lock()
+		tr.grants[req.Key] = req.Owner
+		tr.mu.Unlock()
+	}
+	return g, err
+}
+
 func (tr *tracked) Release(ctx context.Context, key, owner string) error {
 	err := tr.Driver.Release(ctx, key, owner)
 	if err == nil || errors.Is(err, driver.ErrLeaseLost) {

@@ -130,6 +130,10 @@
 //   - driver.ForceReleaser: ForceRelease destroys the holder's session,
 //     which releases (or deletes) the entry, with that session's
 //     lock-delay.
+//   - driver.Resumer: a session's TTL runs on the servers and any client
+//     may renew it by ID, so a restarted process resumes its grant
+//     (Locker.Resume): the entry checked for owner token and fence, then
+//     its session renewed (see Resume).
 //   - Grant.Lost is not set: loss is found by the next renewal or the
 //     validity deadline.
 //
@@ -220,8 +224,8 @@ type Options struct {
 }
 
 // Driver is a dlock driver over one Consul API client. It implements
-// driver.Driver, driver.Waiter, driver.Inspector and driver.ForceReleaser,
-// and is safe for concurrent use.
+// driver.Driver, driver.Waiter, driver.Inspector, driver.ForceReleaser and
+// driver.Resumer, and is safe for concurrent use.
 type Driver struct {
 	kv        *api.KV
 	txn       *api.Txn

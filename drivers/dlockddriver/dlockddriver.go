@@ -80,6 +80,16 @@
 //     List follows the server's pages until the last.
 //   - driver.ForceReleaser: ForceRelease removes a grant whoever holds it,
 //     with a reason the server logs (dlock release --force).
+//   - driver.Resumer: Resume re-attaches a restarted process to a grant it
+//     still holds (dlock's Locker.Resume), same fence, its loss then pushed
+//     to this Driver's session (resume.go).
+//   - driver.SharedLocker: SharedView gives native counted permits
+//     (semaphores) and read-write locks, kept in the server's state machine
+//     with FIFO waits and writer preference; an Exclusive view's grants are
+//     plain locks of the same key (shared.go).
+//   - driver.KeyWatcher: WatchKey is pushed by the server's Watch stream
+//     on keys (CHANGED events), so election.Observe needs no polling
+//     (watchkey.go).
 //   - Loss push: each Driver keeps one Watch stream (its session) open; when
 //     the server ends a grant made by this Driver without a release
 //     (expired, force-released, or handed over and not claimed), Grant.Lost
@@ -535,13 +545,18 @@ func (d *Driver) isClosed() bool {
 // lost answer) is safe: the server answers a repeat by the holder's owner
 // token with the same grant, renewed.
 func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	return d.tryAcquire(ctx, req, grantKind{})
+}
+
+// tryAcquire is TryAcquire of a grant of kind k (shared.go).
+func (d *Driver) tryAcquire(ctx context.Context, req driver.AcquireRequest, k grantKind) (driver.Grant, error) {
 	if d.isClosed() {
 		return driver.Grant{}, driver.ErrClosed
 	}
 	if err := driver.CheckRequest(req); err != nil {
 		return driver.Grant{}, fmt.Errorf("dlockd: acquire: %w", err)
 	}
-	areq := d.acquireReq(req, false)
+	areq := d.acquireReq(req, false, k)
 	sresp, fallback, _, err := d.invoke(ctx, &dlockv1.SessionRequest{Call: &dlockv1.SessionRequest_Acquire{Acquire: areq}})
 	if !fallback {
 		if err != nil {
@@ -560,12 +575,13 @@ func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (dri
 	return d.grant(req, resp.GetFence()), nil
 }
 
-// acquireReq is req as the server wants it, with the Driver's session and
-// lock-delay (capped at the TTL, the server's limit).
-func (d *Driver) acquireReq(req driver.AcquireRequest, wait bool) *dlockv1.AcquireRequest {
+// acquireReq is req as the server wants it, for a grant of kind k, with
+// the Driver's session and lock-delay (capped at the TTL, the server's
+// limit).
+func (d *Driver) acquireReq(req driver.AcquireRequest, wait bool, k grantKind) *dlockv1.AcquireRequest {
 	areq := &dlockv1.AcquireRequest{
 		Key: req.Key, Owner: req.Owner, Ttl: durationpb.New(req.TTL), Holder: req.Holder,
-		Wait: wait, Session: d.session,
+		Wait: wait, Session: d.session, Shared: k.shared, Limit: k.limit,
 	}
 	if d.lockDelay > 0 {
 		areq.LockDelay = durationpb.New(min(d.lockDelay, req.TTL))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"time"
 
@@ -39,6 +40,11 @@ import (
 // it does only while the window is open and the owner token still holds the
 // key: a grant already passed to the next waiter is never returned.
 func (d *Driver) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	return d.wait(ctx, req, grantKind{})
+}
+
+// wait is Wait for a grant of kind k (shared.go).
+func (d *Driver) wait(ctx context.Context, req driver.AcquireRequest, k grantKind) (driver.Grant, error) {
 	if err := driver.CheckRequest(req); err != nil {
 		return driver.Grant{}, fmt.Errorf("dlockd: wait: %w", err)
 	}
@@ -49,7 +55,7 @@ func (d *Driver) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Gr
 		if err := ctx.Err(); err != nil {
 			return driver.Grant{}, err
 		}
-		resp, err := d.waitOnce(ctx, req)
+		resp, err := d.waitOnce(ctx, req, k)
 		if err != nil {
 			return driver.Grant{}, err
 		}
@@ -110,14 +116,14 @@ func (d *Driver) claim(ctx context.Context, req driver.AcquireRequest, within ti
 // handling takes over. A stream is closed, when the wait moves, only
 // after its node was found not to lead: closing a wait's stream asks that
 // node to remove the entry, which only the leader can do.
-func (d *Driver) waitOnce(ctx context.Context, req driver.AcquireRequest) (*dlockv1.AcquireResponse, error) {
+func (d *Driver) waitOnce(ctx context.Context, req driver.AcquireRequest, k grantKind) (*dlockv1.AcquireResponse, error) {
 	d.waiting.Add(1)
 	defer d.waiting.Add(-1)
 	select {
 	case d.waitStarted <- struct{}{}:
 	default:
 	}
-	areq := d.acquireReq(req, true)
+	areq := d.acquireReq(req, true, k)
 	ackBy := time.Now().Add(answerTimeout(ctx)) // the first acknowledgment's deadline
 	grace := max(req.TTL, answerTimeout(ctx))
 	var (
@@ -353,6 +359,14 @@ func (d *Driver) waitOnce(ctx context.Context, req driver.AcquireRequest) (*dloc
 // yet). ok is false when err is the server's answer: a refusal that ends
 // the wait.
 func (d *Driver) retryTarget(m *member, err error, resent bool) (next *member, ok bool) {
+	if errors.Is(err, io.EOF) {
+		// The stream ended with no terminal event and no status: never a
+		// server's answer (its handler always ends with an event or an
+		// error status), but a connection that closed under it (a killed
+		// node's sockets close with a FIN). Re-attach, as after any other
+		// broken link: the queue place is kept for the grace.
+		return d.cl.next(m), true
+	}
 	kind, hint := classify(err, false)
 	switch kind {
 	case notLeader:

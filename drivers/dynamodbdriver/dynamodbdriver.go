@@ -124,6 +124,9 @@
 //     anything; a key whose holder died stays listed (with 0 left) until
 //     someone takes it over or force-releases it. Waiters is -1.
 //   - driver.ForceReleaser: ForceRelease frees the key whoever holds it.
+//   - driver.Resumer: the item is the whole grant, so a restarted process
+//     resumes it (Locker.Resume) with one write conditioned on its owner
+//     token and fence (see Resume).
 //   - No Waiter, no Hinter, no Grant.Lost: loss is found by the next renewal
 //     or the validity deadline.
 //
@@ -141,6 +144,21 @@
 //   - Fences are strictly increasing per key as long as the epoch item is
 //     never deleted or restored from an older backup (a point-in-time
 //     restore brings fences back: move to a new table instead).
+//
+// # Items the driver did not write
+//
+// A lock item that is not what the driver writes (an attribute of the
+// wrong type, such as an owner stored as a number; a number that does not
+// fit 64 bits; no record version; a negative fence) is never read as
+// absent, granted over or freed: TryAcquire, Inspect, List and
+// ForceRelease refuse it with an error matching driver.ErrInvalidArgument
+// that names the item and the attribute. So does a fence that cannot
+// advance (the table's epoch counter past 2^39 − 1, or not a number: move
+// to a new table). Both are permanent faults of the table's data, not
+// outages: never driver.ErrUnavailable, so WithFailOpen never runs work
+// unlocked because of them, and retrying cannot help until the item is
+// repaired or deleted (a deleted item starts a new epoch, above every
+// fence its key had).
 //
 // The SDK's retries are off (one attempt per call, as every dlock driver
 // does: the root package retries with backoff), and a call whose context
@@ -209,8 +227,8 @@ type Options struct {
 }
 
 // Driver is a dlock driver over a DynamoDB table. It implements
-// driver.Driver, driver.Inspector and driver.ForceReleaser, and is safe for
-// concurrent use.
+// driver.Driver, driver.Inspector, driver.ForceReleaser and
+// driver.Resumer, and is safe for concurrent use.
 type Driver struct {
 	api     API
 	table   string

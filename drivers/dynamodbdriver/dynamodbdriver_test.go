@@ -84,6 +84,8 @@ func TestDriver(t *testing.T) {
 		{"ForceRelease_FreesAndFences", testForceReleaseFreesAndFences},
 		{"Fault_UnreachableFailsClosed", testFaultUnreachableFailsClosed},
 		{"Fault_PausedHolderTakenOverWithGreaterFence", testFaultPausedHolderTakenOverWithGreaterFence},
+		{"Fault_CorruptItemIsPermanent", testFaultCorruptItemIsPermanent},
+		{"Fence_EpochsExhaustedIsPermanent", testFenceEpochsExhaustedIsPermanent},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

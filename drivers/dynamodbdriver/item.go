@@ -13,6 +13,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/internal/urlparam"
 )
 
 // Attribute names of a lock item. Expressions always refer to them through
@@ -106,10 +107,11 @@ type cond struct {
 
 // Conditions of the writes.
 var (
-	// condFree: an existing item that is free and whose epoch has fences
-	// left (the cheap first attempt on a key this driver has not seen
-	// held).
-	condFree = cond{expr: "attribute_exists(#k) AND attribute_not_exists(#owner) AND #fence < #cap"}
+	// condFree: an existing item that is free, has a record version (an
+	// item without one is not this driver's: the read that follows the
+	// refusal reports it) and whose epoch has fences left (the cheap first
+	// attempt on a key this driver has not seen held).
+	condFree = cond{expr: "attribute_exists(#k) AND attribute_not_exists(#owner) AND attribute_exists(#rvn) AND #fence < #cap"}
 	// condMissing: no item (a new key, or one deleted by TTL).
 	condMissing = cond{expr: "attribute_not_exists(#k)"}
 )
@@ -210,29 +212,96 @@ type state struct {
 // exhausted reports whether the item's epoch has no fence left.
 func (s state) exhausted() bool { return s.fence >= s.capFence }
 
+// corrupt returns the error of an item (or an answer about one) that is
+// not what this driver writes: an attribute of the wrong type, a number
+// that does not parse, a missing record version, a fence that cannot
+// advance. It is a permanent fault of the table's data, not an outage, so
+// it matches driver.ErrInvalidArgument (retrying cannot help; WithFailOpen
+// never runs work because of it) and never driver.ErrUnavailable.
+func corrupt(format string, a ...any) error {
+	return urlparam.Invalid("dynamodbdriver: "+format+" (a permanent fault of the table's data, not an outage: repair or delete the item)", a...)
+}
+
+// avType names the type of an attribute value as DynamoDB does (S, N, …).
+func avType(v types.AttributeValue) string {
+	switch v.(type) {
+	case *types.AttributeValueMemberS:
+		return "S"
+	case *types.AttributeValueMemberN:
+		return "N"
+	case *types.AttributeValueMemberB:
+		return "B"
+	case *types.AttributeValueMemberBOOL:
+		return "BOOL"
+	case *types.AttributeValueMemberNULL:
+		return "NULL"
+	case *types.AttributeValueMemberL:
+		return "L"
+	case *types.AttributeValueMemberM:
+		return "M"
+	case *types.AttributeValueMemberSS:
+		return "SS"
+	case *types.AttributeValueMemberNS:
+		return "NS"
+	case *types.AttributeValueMemberBS:
+		return "BS"
+	}
+	return fmt.Sprintf("%T", v)
+}
+
+// avTypeOf is avType that names a missing value "missing".
+func avTypeOf(v types.AttributeValue) string {
+	if v == nil {
+		return "missing"
+	}
+	return avType(v)
+}
+
+// parseState decodes a lock item. An item that is not one this driver
+// wrote (see corrupt) is an error matching driver.ErrInvalidArgument: an
+// attribute present with the wrong type is never read as absent (an owner
+// stored as a number would otherwise make a held key look free).
 func parseState(item map[string]types.AttributeValue, readAt time.Time) (state, error) {
 	s := state{readAt: readAt}
 	if len(item) == 0 {
 		s.missing = true
 		return s, nil
 	}
+	key := "?"
+	if k, ok := item[attrKey].(*types.AttributeValueMemberS); ok {
+		key = k.Value
+	}
 	var err error
-	getS := func(name string) string {
-		if v, ok := item[name].(*types.AttributeValueMemberS); ok {
-			return v.Value
+	fail := func(e error) {
+		if err == nil {
+			err = e
 		}
-		return ""
+	}
+	getS := func(name string) string {
+		switch v := item[name].(type) {
+		case nil:
+			return ""
+		case *types.AttributeValueMemberS:
+			return v.Value
+		default:
+			fail(corrupt("item %q: attribute %s is of type %s, want S", key, name, avType(v)))
+			return ""
+		}
 	}
 	getN := func(name string) int64 {
-		v, ok := item[name].(*types.AttributeValueMemberN)
-		if !ok {
+		switch v := item[name].(type) {
+		case nil:
+			return 0
+		case *types.AttributeValueMemberN:
+			n, perr := strconv.ParseInt(v.Value, 10, 64)
+			if perr != nil {
+				fail(corrupt("item %q: attribute %s = %q is not a 64-bit integer", key, name, v.Value))
+			}
+			return n
+		default:
+			fail(corrupt("item %q: attribute %s is of type %s, want N", key, name, avType(v)))
 			return 0
 		}
-		n, perr := strconv.ParseInt(v.Value, 10, 64)
-		if perr != nil && err == nil {
-			err = fmt.Errorf("dynamodbdriver: attribute %s = %q is not a 64-bit integer", name, v.Value)
-		}
-		return n
 	}
 	s.owner, s.rvn, s.holder = getS(attrOwner), getS(attrRVN), getS(attrHolder)
 	fence, capFence := getN(attrFence), getN(attrCap)
@@ -240,11 +309,12 @@ func parseState(item map[string]types.AttributeValue, readAt time.Time) (state, 
 	if ms := getN(attrRenewed); ms > 0 {
 		s.renewed = time.UnixMilli(ms)
 	}
+	getN(attrGC) // only checked: DynamoDB's TTL attribute, never read
 	if err != nil {
 		return state{}, err
 	}
 	if s.rvn == "" || fence < 0 || capFence < 0 || (s.owner != "" && s.lease <= 0) {
-		return state{}, fmt.Errorf("dynamodbdriver: item is not a dlock lock item (rvn %q, fence %d, fence_cap %d, lease %v)", s.rvn, fence, capFence, s.lease)
+		return state{}, corrupt("item %q is not a dlock lock item (rvn %q, fence %d, fence_cap %d, lease %v)", key, s.rvn, fence, capFence, s.lease)
 	}
 	s.fence, s.capFence = uint64(fence), uint64(capFence)
 	return s, nil
@@ -285,11 +355,11 @@ func refusedState(err error) (state, bool) {
 func grantedFence(out *dynamodb.UpdateItemOutput) (uint64, error) {
 	v, ok := out.Attributes[attrFence].(*types.AttributeValueMemberN)
 	if !ok {
-		return 0, errors.New("dynamodbdriver: a grant returned no fence")
+		return 0, corrupt("a grant returned no numeric fence (%s)", avTypeOf(out.Attributes[attrFence]))
 	}
 	f, err := strconv.ParseUint(v.Value, 10, 64)
 	if err != nil || f == 0 {
-		return 0, fmt.Errorf("dynamodbdriver: a grant returned fence %q", v.Value)
+		return 0, corrupt("a grant returned fence %q", v.Value)
 	}
 	return f, nil
 }
@@ -347,14 +417,14 @@ func (d *Driver) drawEpoch(ctx context.Context) (uint64, error) {
 	}
 	v, ok := out.Attributes[attrEpoch].(*types.AttributeValueMemberN)
 	if !ok {
-		return 0, errors.New("dynamodbdriver: the epoch counter returned no value")
+		return 0, corrupt("the fence epoch counter returned no numeric value (%s)", avTypeOf(out.Attributes[attrEpoch]))
 	}
 	e, err := strconv.ParseUint(v.Value, 10, 64)
 	if err != nil || e == 0 {
-		return 0, fmt.Errorf("dynamodbdriver: the epoch counter returned %q", v.Value)
+		return 0, corrupt("the fence epoch counter returned %q", v.Value)
 	}
 	if e > maxEpoch() {
-		return 0, fmt.Errorf("dynamodbdriver: fence epochs exhausted (%d > %d): move to a new table", e, maxEpoch())
+		return 0, corrupt("fence epochs exhausted (%d > %d): no greater fence can be issued; move to a new table", e, maxEpoch())
 	}
 	return e, nil
 }

@@ -87,6 +87,13 @@
 //   - driver.Inspector: Inspect and List. Both report each holder's time
 //     left (HolderInfo.Remaining) as etcd's LeaseTimeToLive says, in whole
 //     seconds, not the TTL it was granted with.
+//   - driver.SharedLocker: read-write locks (etcd's RWMutex recipe; Shared
+//     with Limit 0 and Exclusive; no counted permits), whose Exclusive
+//     grants are plain locks of the same key (see SharedView in shared.go).
+//   - driver.Resumer: every grant has an etcd lease of its own, which any
+//     client may keep alive by ID, so a restarted process resumes its
+//     grant (Locker.Resume) by the lease its entry names, with the loss
+//     watch attached again (see Resume).
 //
 // # Store outages
 //
@@ -162,8 +169,9 @@ const DefaultPrefix = "/dlock"
 
 const defaultOpTimeout = 5 * time.Second
 
-// Driver is a dlock driver over one etcd client. It is safe for concurrent
-// use.
+// Driver is a dlock driver over one etcd client. It implements
+// driver.Driver, driver.Waiter, driver.Inspector, driver.Resumer and
+// driver.SharedLocker (read-write locks), and is safe for concurrent use.
 type Driver struct {
 	cli       Client
 	closeCli  func() error // nil when the client is not ours

@@ -146,6 +146,14 @@
 //     gone) stays on the bucket with nobody renewing it, and is taken over
 //     one TTL after a waiter first sees it; the root package releases it
 //     at once when the requester is still there.
+//   - A record the driver did not write (another program's object at a
+//     record's name, a dlock-fence or dlock-ttl-us that does not parse, a
+//     fence of 0) or whose fence cannot advance (2^64 − 1) is a permanent
+//     fault, not an outage: TryAcquire, Renew, Release, Resume, Inspect
+//     and ForceRelease refuse it with an error matching
+//     driver.ErrInvalidArgument that names the object and what is wrong
+//     (never driver.ErrUnavailable, so WithFailOpen never runs work
+//     unlocked because of it), and never overwrite it; List skips it.
 //
 // # Capabilities
 //
@@ -154,6 +162,9 @@
 //     the record's current version (the full TTL on a first look).
 //     Waiters is -1: polling waiters are not recorded.
 //   - driver.ForceReleaser.
+//   - driver.Resumer: the record is the whole grant, so a restarted
+//     process resumes it (Locker.Resume): a read that checks owner token
+//     and fence, then Renew's conditioned write (see Resume).
 //   - No driver.Waiter, no driver.Hinter, no Grant.Lost: Cloud Storage has
 //     no watch a client can use; waiters poll with the root package's
 //     backoff, and loss is found by the next renewal or the validity
@@ -202,8 +213,8 @@ type Options struct {
 }
 
 // Driver is a dlock driver over Google Cloud Storage. It implements
-// driver.Driver, driver.Inspector and driver.ForceReleaser, and is safe
-// for concurrent use.
+// driver.Driver, driver.Inspector, driver.ForceReleaser and
+// driver.Resumer, and is safe for concurrent use.
 type Driver struct {
 	bucket     *storage.BucketHandle // with retries off: the root package retries
 	bucketName string
@@ -627,7 +638,11 @@ func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (dri
 		generation, fence = rec.generation, rec.fence+1
 	}
 	if fence == 0 && found {
-		return driver.Grant{}, fmt.Errorf("gcsdriver: acquire %q: the fence of the record's %d grants is exhausted", req.Key, rec.fence)
+		// Permanent: no greater fence exists. Not an outage (WithFailOpen
+		// must not run work because of it), so it matches
+		// driver.ErrInvalidArgument.
+		return driver.Grant{}, urlparam.Invalid("gcsdriver: acquire %q: object %q in bucket %q: the record's fence %d cannot advance (no greater 64-bit fence exists): a permanent fault of the record, not an outage; move to a new prefix",
+			req.Key, objectName(d.prefix, req.Key), d.bucketName, rec.fence)
 	}
 	newGen, err := d.grantWrite(ctx, req, generation, fence)
 	switch {

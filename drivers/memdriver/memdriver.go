@@ -14,8 +14,14 @@
 // # Capabilities
 //
 // Waiter (a FIFO queue per key; a release or expiry hands the key to the head
-// waiter at once), Inspector and ForceReleaser. It pushes no loss: a grant ends only by
-// release or expiry, and expiry is the store's own timer.
+// waiter at once), Inspector, ForceReleaser, and driver.SharedLocker natively
+// (semaphore permits and read-write locks: several grants of one key, each
+// with its own owner token, TTL and fence, one FIFO queue over every kind
+// with writer preference; see Driver.SharedView), and driver.Resumer (a
+// grant outlives the Driver that made it, as on a real store: another
+// Driver on the same Store re-attaches to it, dlock's Locker.Resume). It
+// pushes no loss: a grant ends only by release or expiry, and expiry is the
+// store's own timer.
 //
 // # Guarantees
 //
@@ -84,19 +90,32 @@ type Store struct {
 	down      bool
 }
 
+// entry is one key: its live grants (one Exclusive grant, or Shared grants
+// up to limit) and its FIFO queue of waiters of every kind.
 type entry struct {
+	grants  []*grant // in grant order
+	limit   int      // the SharedKind.Limit of the Shared grants, while there are any
+	waiters []*waiter
+}
+
+// grant is one holder of a key. Plain locks are Exclusive grants.
+type grant struct {
 	owner, holder string
+	mode          driver.Mode
 	fence         uint64
 	ttl           time.Duration
 	expires       time.Time
 	timer         *time.Timer
-	waiters       []*waiter
 }
 
 type waiter struct {
 	req     driver.AcquireRequest
+	kind    driver.SharedKind
 	granted chan driver.Grant // buffered 1
 }
+
+// exclusive is the kind of a plain lock.
+var exclusive = driver.SharedKind{Mode: driver.Exclusive}
 
 // NewStore returns an empty Store.
 func NewStore() *Store { return &Store{keys: map[string]*entry{}} }
@@ -159,37 +178,52 @@ func (d *Driver) lock(ctx context.Context) error {
 // TryAcquire grants req.Key when it is free or its grant expired, else
 // returns driver.ErrNotAcquired. A key with queued waiters is not free.
 func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	return d.tryAcquire(ctx, req, exclusive, "acquire")
+}
+
+func (d *Driver) tryAcquire(ctx context.Context, req driver.AcquireRequest, kind driver.SharedKind, op string) (driver.Grant, error) {
 	if err := driver.CheckRequest(req); err != nil {
-		return driver.Grant{}, fmt.Errorf("memdriver: acquire: %w", err)
+		return driver.Grant{}, fmt.Errorf("memdriver: %s: %w", op, err)
 	}
 	if err := d.lock(ctx); err != nil {
 		return driver.Grant{}, err
 	}
 	defer d.s.mu.Unlock()
 	e := d.s.live(req.Key)
-	if e != nil {
+	if err := e.checkLimit(req.Key, kind); err != nil {
+		return driver.Grant{}, fmt.Errorf("memdriver: %s: %w", op, err)
+	}
+	if e != nil && (len(e.waiters) > 0 || !e.admits(kind)) {
 		return driver.Grant{}, driver.ErrNotAcquired
 	}
-	return d.s.grant(req), nil
+	return d.s.grant(req, kind), nil
 }
 
 // Wait queues req behind the current holder and earlier waiters (FIFO) and
 // returns when the key is handed to it or ctx ends; in the latter case the
 // queue entry, or a grant that raced the cancellation, is removed.
 func (d *Driver) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	return d.wait(ctx, req, exclusive, "wait")
+}
+
+func (d *Driver) wait(ctx context.Context, req driver.AcquireRequest, kind driver.SharedKind, op string) (driver.Grant, error) {
 	if err := driver.CheckRequest(req); err != nil {
-		return driver.Grant{}, fmt.Errorf("memdriver: wait: %w", err)
+		return driver.Grant{}, fmt.Errorf("memdriver: %s: %w", op, err)
 	}
 	if err := d.lock(ctx); err != nil {
 		return driver.Grant{}, err
 	}
 	e := d.s.live(req.Key)
-	if e == nil {
-		g := d.s.grant(req)
+	if err := e.checkLimit(req.Key, kind); err != nil {
+		d.s.mu.Unlock()
+		return driver.Grant{}, fmt.Errorf("memdriver: %s: %w", op, err)
+	}
+	if e == nil || len(e.waiters) == 0 && e.admits(kind) {
+		g := d.s.grant(req, kind)
 		d.s.mu.Unlock()
 		return g, nil
 	}
-	w := &waiter{req: req, granted: make(chan driver.Grant, 1)}
+	w := &waiter{req: req, kind: kind, granted: make(chan driver.Grant, 1)}
 	e.waiters = append(e.waiters, w)
 	d.s.mu.Unlock()
 
@@ -202,8 +236,8 @@ func (d *Driver) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Gr
 	defer d.s.mu.Unlock()
 	select {
 	case <-w.granted: // handed over just as ctx ended: give it back
-		if e := d.s.keys[req.Key]; e != nil && e.owner == req.Owner {
-			d.s.free(req.Key)
+		if e, g := d.s.holding(req.Key, req.Owner); g != nil {
+			d.s.drop(req.Key, e, g)
 		}
 	default:
 		if e := d.s.keys[req.Key]; e != nil {
@@ -213,6 +247,9 @@ func (d *Driver) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Gr
 					break
 				}
 			}
+			// A Shared waiter behind this one may now be grantable
+			// (writer preference no longer holds it back).
+			d.s.dispatch(req.Key, e)
 		}
 	}
 	return driver.Grant{}, ctx.Err()
@@ -227,13 +264,11 @@ func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration
 		return err
 	}
 	defer d.s.mu.Unlock()
-	e := d.s.live(key)
-	if e == nil || e.owner != owner {
+	_, g := d.s.holding(key, owner)
+	if g == nil {
 		return driver.ErrLeaseLost
 	}
-	e.ttl = ttl
-	e.expires = time.Now().Add(ttl)
-	e.timer.Reset(ttl)
+	d.s.renewGrant(g, ttl)
 	return nil
 }
 
@@ -247,16 +282,17 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 		return err
 	}
 	defer d.s.mu.Unlock()
-	e := d.s.live(key)
-	if e == nil || e.owner != owner {
+	e, g := d.s.holding(key, owner)
+	if g == nil {
 		return driver.ErrLeaseLost
 	}
-	d.s.free(key)
+	d.s.drop(key, e, g)
 	return nil
 }
 
 // Inspect returns key's current grant, or driver.ErrNotAcquired wrapped
-// when it is free.
+// when it is free. A key held by several Shared grants is described by its
+// oldest grant (lowest fence).
 func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, error) {
 	if err := driver.CheckKey(key); err != nil {
 		return driver.HolderInfo{}, fmt.Errorf("memdriver: inspect: %w", err)
@@ -272,9 +308,11 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, er
 	return e.info(key), nil
 }
 
-// ForceRelease removes key's grant whoever holds it and hands the key to the
-// head waiter; driver.ErrNotAcquired wrapped when key is free. reason is not
-// kept: the in-process store has no audit log (the root package logs it).
+// ForceRelease removes every grant of key whoever holds it (all of a
+// semaphore's permits or a read-write lock's readers) and hands the key to
+// the head waiters; driver.ErrNotAcquired wrapped when key is free. It
+// returns the oldest grant removed. reason is not kept: the in-process store
+// has no audit log (the root package logs it).
 func (d *Driver) ForceRelease(ctx context.Context, key, reason string) (driver.HolderInfo, error) {
 	if err := driver.CheckKey(key); err != nil {
 		return driver.HolderInfo{}, fmt.Errorf("memdriver: force-release: %w", err)
@@ -288,11 +326,18 @@ func (d *Driver) ForceRelease(ctx context.Context, key, reason string) (driver.H
 		return driver.HolderInfo{}, fmt.Errorf("memdriver: %q is free: %w", key, driver.ErrNotAcquired)
 	}
 	info := e.info(key)
-	d.s.free(key)
+	for _, g := range e.grants {
+		g.timer.Stop()
+	}
+	e.grants = nil
+	d.s.dispatch(key, e)
 	return info, nil
 }
 
-// List returns the held keys starting with prefix, sorted.
+// List returns the held keys starting with prefix, sorted by key, one
+// HolderInfo per grant: a key with several Shared grants (a semaphore's
+// permits, a read-write lock's readers) appears once per grant, in fence
+// order.
 func (d *Driver) List(ctx context.Context, prefix string) ([]driver.HolderInfo, error) {
 	if err := d.lock(ctx); err != nil {
 		return nil, err
@@ -301,73 +346,169 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]driver.HolderInfo, 
 	var out []driver.HolderInfo
 	for k := range d.s.keys {
 		if e := d.s.live(k); e != nil && strings.HasPrefix(k, prefix) {
-			out = append(out, e.info(k))
+			for _, g := range e.grants {
+				out = append(out, e.grantInfo(k, g))
+			}
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Key != out[j].Key {
+			return out[i].Key < out[j].Key
+		}
+		return out[i].Fence < out[j].Fence
+	})
 	return out, nil
 }
 
-func (e *entry) info(key string) driver.HolderInfo {
+// info describes e's oldest grant; e has at least one.
+func (e *entry) info(key string) driver.HolderInfo { return e.grantInfo(key, e.grants[0]) }
+
+// grantInfo describes grant g of e.
+func (e *entry) grantInfo(key string, g *grant) driver.HolderInfo {
 	return driver.HolderInfo{
-		Key: key, Fence: e.fence, Holder: e.holder, TTL: e.ttl,
-		Remaining: time.Until(e.expires), Waiters: len(e.waiters),
+		Key: key, Fence: g.fence, Holder: g.holder, TTL: g.ttl,
+		Remaining: time.Until(g.expires), Waiters: len(e.waiters),
 	}
 }
 
-// live returns key's entry when it is held by an unexpired grant, expiring
-// it (and handing it over) otherwise. s.mu is held.
+// admits reports whether a grant of kind is compatible with e's grants
+// (the queue aside). A nil entry admits everything.
+func (e *entry) admits(kind driver.SharedKind) bool {
+	if e == nil || len(e.grants) == 0 {
+		return true
+	}
+	if kind.Mode == driver.Exclusive || e.grants[0].mode == driver.Exclusive {
+		return false
+	}
+	return e.limit == 0 || len(e.grants) < e.limit
+}
+
+// checkLimit refuses a Shared request whose Limit differs from that of the
+// key's Shared grants or waiters. A nil entry accepts every kind.
+func (e *entry) checkLimit(key string, kind driver.SharedKind) error {
+	if e == nil || kind.Mode != driver.Shared {
+		return nil
+	}
+	limit := -1
+	if len(e.grants) > 0 && e.grants[0].mode == driver.Shared {
+		limit = e.limit
+	}
+	for _, w := range e.waiters {
+		if limit < 0 && w.kind.Mode == driver.Shared {
+			limit = w.kind.Limit
+		}
+	}
+	if limit >= 0 && limit != kind.Limit {
+		return fmt.Errorf("%w: key %q has shared grants with limit %d, not %d", driver.ErrInvalidArgument, key, limit, kind.Limit)
+	}
+	return nil
+}
+
+// live returns key's entry when it has an unexpired grant or a waiter,
+// dropping expired grants (and handing the key over) first; nil when the key
+// is free. s.mu is held.
 func (s *Store) live(key string) *entry {
 	e := s.keys[key]
 	if e == nil {
 		return nil
 	}
-	if time.Now().Before(e.expires) {
-		return e
+	now := time.Now()
+	expired := false
+	kept := e.grants[:0]
+	for _, g := range e.grants {
+		if now.Before(g.expires) {
+			kept = append(kept, g)
+		} else {
+			g.timer.Stop()
+			expired = true
+		}
 	}
-	s.free(key)
-	return s.keys[key] // the head waiter may have been granted
+	clear(e.grants[len(kept):])
+	e.grants = kept
+	if expired {
+		s.dispatch(key, e)
+	}
+	if len(e.grants) == 0 {
+		return nil
+	}
+	return s.keys[key]
 }
 
-// grant makes req the holder of a free key. s.mu is held.
-func (s *Store) grant(req driver.AcquireRequest) driver.Grant {
+// holding returns key's entry and the live grant owner holds of it, or a
+// nil grant. s.mu is held.
+func (s *Store) holding(key, owner string) (*entry, *grant) {
+	e := s.live(key)
+	if e == nil {
+		return nil, nil
+	}
+	for _, g := range e.grants {
+		if g.owner == owner {
+			return e, g
+		}
+	}
+	return e, nil
+}
+
+// renewGrant extends g to a full ttl from now. s.mu is held.
+func (s *Store) renewGrant(g *grant, ttl time.Duration) {
+	g.ttl = ttl
+	g.expires = time.Now().Add(ttl)
+	g.timer.Reset(ttl)
+}
+
+// grant adds req as a holder of key of the given kind; the caller checked
+// that kind is admitted. s.mu is held.
+func (s *Store) grant(req driver.AcquireRequest, kind driver.SharedKind) driver.Grant {
 	s.lastFence++
 	e := s.keys[req.Key]
 	if e == nil {
 		e = &entry{}
 		s.keys[req.Key] = e
 	}
-	e.owner, e.holder, e.fence, e.ttl = req.Owner, req.Holder, s.lastFence, req.TTL
-	e.expires = time.Now().Add(req.TTL)
-	key, owner := req.Key, req.Owner
-	if e.timer != nil {
-		e.timer.Stop()
+	g := &grant{
+		owner: req.Owner, holder: req.Holder, mode: kind.Mode, fence: s.lastFence,
+		ttl: req.TTL, expires: time.Now().Add(req.TTL),
 	}
-	e.timer = time.AfterFunc(req.TTL, func() { s.expire(key, owner) })
-	return driver.Grant{Fence: e.fence}
+	key, owner := req.Key, req.Owner
+	g.timer = time.AfterFunc(req.TTL, func() { s.expire(key, owner) })
+	if len(e.grants) == 0 {
+		e.limit = kind.Limit
+	}
+	e.grants = append(e.grants, g)
+	return driver.Grant{Fence: g.fence}
 }
 
-// free ends key's grant and hands the key to the head waiter, in the same
-// step. s.mu is held.
-func (s *Store) free(key string) {
-	e := s.keys[key]
-	if e == nil {
-		return
+// drop ends grant g of key and hands the key over, in the same step. s.mu
+// is held.
+func (s *Store) drop(key string, e *entry, g *grant) {
+	g.timer.Stop()
+	for i, x := range e.grants {
+		if x == g {
+			e.grants = append(e.grants[:i], e.grants[i+1:]...)
+			break
+		}
 	}
-	e.timer.Stop()
-	if len(e.waiters) == 0 {
+	s.dispatch(key, e)
+}
+
+// dispatch grants e's head waiters, in queue order, as long as the head is
+// admitted (several Shared waiters at once; FIFO stops at the first that is
+// not, so a waiting Exclusive request holds back later Shared ones), and
+// deletes e when it is left with no grant and no waiter. s.mu is held.
+func (s *Store) dispatch(key string, e *entry) {
+	for len(e.waiters) > 0 && e.admits(e.waiters[0].kind) {
+		w := e.waiters[0]
+		e.waiters = e.waiters[1:]
+		w.granted <- s.grant(w.req, w.kind)
+	}
+	if len(e.grants) == 0 && len(e.waiters) == 0 && s.keys[key] == e {
 		delete(s.keys, key)
-		return
 	}
-	w := e.waiters[0]
-	e.waiters = e.waiters[1:]
-	w.granted <- s.grant(w.req)
 }
 
 func (s *Store) expire(key, owner string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if e := s.keys[key]; e != nil && e.owner == owner && !time.Now().Before(e.expires) {
-		s.free(key)
-	}
+	s.live(key)
+	_ = owner
 }

@@ -57,6 +57,11 @@
 //   - driver.Hinter: release runs pg_notify on the key table's channel;
 //     LISTEN wakes a polling Acquire early. Waiting is backoff polling
 //     (there is no driver.Waiter).
+//   - No driver.Resumer (dlock's Locker.Resume answers ErrUnsupported): an
+//     advisory lock belongs to the database session that took it and ends
+//     with it, and no other connection can renew or release it, so a grant
+//     can never outlive the process that made it. Use the lease table
+//     (pgdriver, postgres://) for leases a restarted process resumes.
 //
 // # Safety assumptions
 //

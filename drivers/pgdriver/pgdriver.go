@@ -45,6 +45,9 @@
 //   - driver.Inspector: Inspect and List read the table.
 //   - Grant.Lost is not set: a lease table cannot push loss; the root
 //     package relies on renewals and the validity deadline.
+//   - driver.Resumer: a grant is a row, not a connection, so a restarted
+//     process resumes it (Locker.Resume) by owner token and fence with one
+//     owner- and fence-checked UPDATE (see Resume).
 //
 // # Safety assumptions
 //
@@ -139,8 +142,8 @@ type Options struct {
 }
 
 // Driver is a dlock driver over a PostgreSQL lease table. It implements
-// driver.Driver, driver.Hinter and driver.Inspector, and is safe for
-// concurrent use.
+// driver.Driver, driver.Hinter, driver.Inspector and driver.Resumer, and
+// is safe for concurrent use.
 type Driver struct {
 	db      DB
 	ownPool *pgxpool.Pool         // created by Open; closed by Close

@@ -87,6 +87,12 @@
 // and a missed hint costs latency, never safety. It is not a driver.Waiter:
 // waiting is the root package's full-jitter backoff polling.
 //
+// It is a driver.SharedLocker for read-write locks (Shared with Limit 0 and
+// Exclusive; no counted permits): owner-checked Lua over a hash of grants
+// and a FIFO wait list, in keys of their own (see SharedView in shared.go).
+// Those views are driver.Waiters, so that a waiting writer can hold back
+// later readers.
+//
 // Loss: Redis cannot push loss (driver.Grant.Lost stays nil), but with
 // release hints on, the holder's driver subscribes to the key's channel
 // while it holds the grant and passes a message there on as
@@ -98,6 +104,10 @@
 // nothing; it is found by renewal and the validity deadline. The
 // subscription shares the driver's pub/sub connection, which stays open
 // while the driver holds a grant.
+//
+// Resume: the driver is a driver.Resumer (dlock's Locker.Resume): a grant
+// lives in its lock hash, not in a connection, so a restarted process
+// re-attaches to it after one script checks owner token and fence.
 //
 // # What Redis cannot promise
 //

@@ -132,7 +132,10 @@
 // # Capabilities
 //
 // No Waiter (Acquire polls with the root package's full-jitter backoff), no
-// pushed loss (Grant.Lost is nil), no Inspector.
+// pushed loss (Grant.Lost is nil), no Inspector. It is a driver.Resumer
+// (dlock's Locker.Resume): the lock keys outlive the process that set them,
+// so a restarted one re-attaches to its grant on a majority (Driver.Resume
+// says how the fence is checked).
 package redlockdriver
 
 import (

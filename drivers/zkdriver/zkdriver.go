@@ -97,6 +97,16 @@
 //   - Pushed loss: Grant.Lost is shared by every grant of one connected
 //     period of one session, and closes when it ends.
 //   - driver.Inspector: Inspect and List (Remaining is always zero).
+//   - driver.SharedLocker: read-write locks (Curator's
+//     InterProcessReadWriteLock; Shared with Limit 0 and Exclusive; no
+//     counted permits), whose Exclusive grants are plain locks of the same
+//     key (see SharedView in shared.go).
+//   - No driver.Resumer (dlock's Locker.Resume answers ErrUnsupported): a
+//     grant is an ephemeral node owned by the ZooKeeper session that
+//     created it, and this driver declares the grants of a session lost
+//     when its connection drops, so a grant cannot pass to another process
+//     (re-attaching to the session by ID and password would also take over
+//     every other grant of that session, and the driver never exports them).
 //
 // # Unrenewed grants
 //
@@ -533,6 +543,7 @@ func (d *Driver) dir(key string) string { return d.locks() + "/" + escapeKey(key
 type value struct {
 	Holder string        `json:"holder,omitempty"`
 	TTL    time.Duration `json:"ttl"`
+	Mode   string        `json:"mode,omitempty"` // "" plain or writer, "shared" reader
 }
 
 // seqOf returns the sequence number of a child name "<owner>-<seq>".
@@ -617,12 +628,18 @@ type enqueued struct {
 // children. On an error it has deleted the node, or left it to be deleted
 // (orphan).
 func (d *Driver) enqueue(ctx context.Context, req driver.AcquireRequest) (enqueued, error) {
+	return d.enqueueAs(ctx, req, "")
+}
+
+// enqueueAs is enqueue with the node's mode: "" for a plain lock (or a
+// writer), sharedMode for a reader (see shared.go).
+func (d *Driver) enqueueAs(ctx context.Context, req driver.AcquireRequest, mode string) (enqueued, error) {
 	gen, err := d.current()
 	if err != nil {
 		return enqueued{}, err
 	}
 	dir := d.dir(req.Key)
-	data, _ := json.Marshal(value{Holder: req.Holder, TTL: req.TTL})
+	data, _ := json.Marshal(value{Holder: req.Holder, TTL: req.TTL, Mode: mode})
 	var path string
 	for attempt := 0; ; attempt++ {
 		path, err = do(ctx, d, func() (string, error) {
