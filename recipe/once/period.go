@@ -1,0 +1,175 @@
+package once
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+)
+
+// Bounds of a fixed-length period (Every).
+const (
+	// MinEvery is the shortest period Every accepts: 1 s.
+	MinEvery = time.Second
+	// MaxEvery is the longest period Every accepts: 366 days.
+	MaxEvery = 366 * 24 * time.Hour
+)
+
+type unit int
+
+const (
+	unitNone unit = iota
+	unitHour
+	unitDay
+	unitWeek
+	unitMonth
+	unitEvery
+)
+
+// Period divides time into consecutive windows; Run runs a job at most once
+// per window. Calendar periods (Hourly, Daily, Weekly, Monthly) follow the
+// calendar in a time zone (UTC unless In says otherwise); Every(d) windows
+// are d long, aligned to the Unix epoch. The zero Period is invalid (Run
+// returns an error matching dlock.ErrInvalidArgument).
+//
+// A window is always computed from the ledger's clock (Ledger.Now), never
+// from the calling node's own clock alone: see the package doc.
+type Period struct {
+	unit  unit
+	every time.Duration
+	loc   *time.Location
+}
+
+// The calendar periods, in UTC (see Period.In for another time zone).
+var (
+	// Hourly: one window per clock hour, "2026-12-01T07Z". Hours are
+	// always UTC hours (In does not change them): a local hour repeats or
+	// vanishes at a daylight-saving change.
+	Hourly = Period{unit: unitHour}
+	// Daily: one window per calendar day, "2026-12-01".
+	Daily = Period{unit: unitDay}
+	// Weekly: one window per ISO 8601 week, Monday to Monday, "2026-W49".
+	Weekly = Period{unit: unitWeek}
+	// Monthly: one window per calendar month, "2026-12".
+	Monthly = Period{unit: unitMonth}
+)
+
+// Every returns the period of fixed windows d long, aligned to the Unix
+// epoch (window n is [n·d, (n+1)·d) after 1970-01-01T00:00:00Z), with IDs
+// such as "2026-12-01T07:15:00Z/15m0s". d must lie in [MinEvery, MaxEvery]
+// (1 s to 366 days), else the error matches dlock.ErrInvalidArgument.
+func Every(d time.Duration) (Period, error) {
+	if d < MinEvery || d > MaxEvery {
+		return Period{}, fmt.Errorf("once: period %v is outside [%v, %v]: %w", d, MinEvery, MaxEvery, dlock.ErrInvalidArgument)
+	}
+	return Period{unit: unitEvery, every: d}, nil
+}
+
+// ParsePeriod parses a period as the CLI's --once-per takes it: "hour",
+// "day", "week" or "month" (also "hourly", "daily", "weekly", "monthly"),
+// or a Go duration such as "15m" or "36h" (Every). Anything else is an error
+// matching dlock.ErrInvalidArgument.
+func ParsePeriod(s string) (Period, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "hour", "hourly":
+		return Hourly, nil
+	case "day", "daily":
+		return Daily, nil
+	case "week", "weekly":
+		return Weekly, nil
+	case "month", "monthly":
+		return Monthly, nil
+	}
+	d, err := time.ParseDuration(strings.TrimSpace(s))
+	if err != nil {
+		return Period{}, fmt.Errorf("once: period %q: want hour, day, week, month or a duration such as 15m: %w", s, dlock.ErrInvalidArgument)
+	}
+	return Every(d)
+}
+
+// In returns the calendar period p in the time zone loc: Daily, Weekly and
+// Monthly windows then start at local midnight. Hourly and Every periods do
+// not depend on a time zone and are returned unchanged; so is p when loc is
+// nil.
+func (p Period) In(loc *time.Location) Period {
+	if loc != nil && (p.unit == unitDay || p.unit == unitWeek || p.unit == unitMonth) {
+		p.loc = loc
+	}
+	return p
+}
+
+// Valid reports whether p is one of the periods above (not the zero Period).
+func (p Period) Valid() bool { return p.unit != unitNone }
+
+// String returns p as ParsePeriod reads it: "hour", "day", "week",
+// "month", or the duration of an Every period; a time zone other than UTC
+// is appended after a space ("day Europe/Paris").
+func (p Period) String() string {
+	var s string
+	switch p.unit {
+	case unitHour:
+		s = "hour"
+	case unitDay:
+		s = "day"
+	case unitWeek:
+		s = "week"
+	case unitMonth:
+		s = "month"
+	case unitEvery:
+		return p.every.String()
+	default:
+		return "invalid period"
+	}
+	if p.loc != nil && p.loc != time.UTC {
+		s += " " + p.loc.String()
+	}
+	return s
+}
+
+// Window is one window of a Period: the half-open interval [Start, End) of
+// the ledger's clock, named by ID (the ledger's key for the window).
+type Window struct {
+	// ID names the window, unique within its Period: "2026-12-01T07Z"
+	// (Hourly), "2026-12-01" (Daily), "2026-W49" (Weekly), "2026-12"
+	// (Monthly), "2026-12-01T07:15:00Z/15m0s" (Every).
+	ID string
+	// Start is the window's first instant, End the first instant after it.
+	Start, End time.Time
+}
+
+// Window returns the window of p that contains t. It panics on the zero
+// Period (Run checks Valid first).
+func (p Period) Window(t time.Time) Window {
+	loc := p.loc
+	if loc == nil {
+		loc = time.UTC
+	}
+	switch p.unit {
+	case unitHour:
+		s := t.UTC().Truncate(time.Hour)
+		return Window{ID: s.Format("2006-01-02T15Z"), Start: s, End: s.Add(time.Hour)}
+	case unitDay:
+		y, m, d := t.In(loc).Date()
+		s := time.Date(y, m, d, 0, 0, 0, 0, loc)
+		return Window{ID: s.Format("2006-01-02"), Start: s, End: s.AddDate(0, 0, 1)}
+	case unitWeek:
+		y, m, d := t.In(loc).Date()
+		day := time.Date(y, m, d, 0, 0, 0, 0, loc)
+		s := day.AddDate(0, 0, -((int(day.Weekday()) + 6) % 7)) // back to Monday
+		wy, wn := s.ISOWeek()
+		return Window{ID: fmt.Sprintf("%04d-W%02d", wy, wn), Start: s, End: s.AddDate(0, 0, 7)}
+	case unitMonth:
+		y, m, _ := t.In(loc).Date()
+		s := time.Date(y, m, 1, 0, 0, 0, 0, loc)
+		return Window{ID: s.Format("2006-01"), Start: s, End: s.AddDate(0, 1, 0)}
+	case unitEvery:
+		n := t.UnixNano() / int64(p.every)
+		if t.UnixNano() < 0 && t.UnixNano()%int64(p.every) != 0 {
+			n-- // floor, before 1970
+		}
+		s := time.Unix(0, n*int64(p.every)).UTC()
+		return Window{ID: s.Format(time.RFC3339Nano) + "/" + p.every.String(), Start: s, End: s.Add(p.every)}
+	}
+	panic("once: Window of the zero Period")
+}
