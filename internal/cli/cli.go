@@ -709,5 +709,6 @@ interrupted (128+N), error (1).`,
 	root.AddCommand(newVersionCmd(g))
 	root.AddCommand(newClusterCmd(g))
 	root.AddCommand(newTokenCmd(g)) // token.go: tokens for dlockd's --auth-file
+	root.AddCommand(newElectCmd(g)) // elect.go: dlock elect NAME -- COMMAND (recipe/election)
 	return root
 }

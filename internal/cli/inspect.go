@@ -38,7 +38,8 @@ type holderJSON struct {
 }
 
 // heldPermits returns how many semaphore slots KEY/permit-N of key are
-// held, or -1 when the store cannot list them.
+// held (and permits of the native semaphore's key KEY/permit-shared, which
+// List shows one entry per grant), or -1 when the store cannot list them.
 func heldPermits(ctx context.Context, l *dlock.Locker, key string) int {
 	infos, err := l.List(ctx, key+"/permit-")
 	if err != nil {
@@ -47,7 +48,7 @@ func heldPermits(ctx context.Context, l *dlock.Locker, key string) int {
 	n := 0
 	for _, h := range infos {
 		i, err := strconv.Atoi(strings.TrimPrefix(h.Key, key+"/permit-"))
-		if err == nil && i >= 0 && PermitKey(key, i) == h.Key {
+		if err == nil && i >= 0 && PermitKey(key, i) == h.Key || h.Key == permitLeaseKey(key, nativePermit) { // native: one entry per grant (permits.go)
 			n++
 		}
 	}

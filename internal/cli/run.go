@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"os"
 	"os/signal"
 	"slices"
@@ -44,6 +43,8 @@ type runFlags struct {
 	conflictCode int
 	shell        string
 	report       string
+	once         onceFlags   // --once-per, --ledger (once.go)
+	resume       resumeFlags // --resume-file, --max-hold (resume.go)
 }
 
 // runResult is dlock run's JSON report (-o json or --report): one line,
@@ -57,6 +58,8 @@ type runResult struct {
 	Fence    uint64 `json:"fence,omitempty"`
 	Permit   *int   `json:"permit,omitempty"`
 	SlotKey  string `json:"permit_key,omitempty"`
+	Window   string `json:"window,omitempty"`  // --once-per: the period's window (once.go)
+	Resumed  bool   `json:"resumed,omitempty"` // --resume-file: the saved lease was resumed (resume.go)
 	ExitCode int    `json:"exit_code"`
 	Error    string `json:"error,omitempty"`
 	// ReleaseError is set when the final release failed: the cause in one
@@ -103,11 +106,46 @@ retried: without --wait for --retry-for (default 5s), with --wait until
 --wait-timeout (for ever without one, unless --retry-for is given); only
 then does run exit 69.
 
-Semaphore: --permits N lets up to N holders run at once. KEY then names N
-slots, the keys KEY/permit-0 ... KEY/permit-(N-1); run tries them in random
-order and takes a free one (with --wait it retries with jittered backoff).
-DLOCK_FENCE is that slot's fence, DLOCK_PERMIT its index and
+Semaphore: --permits N lets up to N holders run at once (package
+recipe/semaphore). On a store with native semaphores (dlockd, mem) each
+holder holds one of N counted grants of the key KEY/permit-shared and
+--wait waits in the store's FIFO queue; DLOCK_FENCE is the permit's own
+fence and DLOCK_PERMIT_KEY that key (DLOCK_PERMIT is not set: a native
+permit has no index). Elsewhere KEY names N slots, the keys KEY/permit-0
+... KEY/permit-(N-1); run tries them in random order and takes a free one
+(with --wait it retries with jittered backoff, woken early by release
+hints); DLOCK_FENCE is that slot's fence, DLOCK_PERMIT its index and
 DLOCK_PERMIT_KEY its key. Every user of KEY must give the same N.
+
+Once per period: --once-per day|hour|week|month|DURATION --ledger DSN runs
+the command at most once per period across all nodes (package
+recipe/once): KEY names the job and the lock is once/KEY. The ledger (a
+table in postgres://… or in a SQLite file, sqlite:PATH; or redis://… with
+persistence) records each window's start and finish with the lease's
+fence, and its clock, not this machine's, decides the window. A window
+that finished is not run again: exit 0 with a message, result "done". A
+command that exits non-zero, or whose node crashed, is retried by the next
+run in the same window (a crashed one once its lease expired).
+DLOCK_WINDOW and DLOCK_ATTEMPT name the window and the attempt. A finish
+the ledger refuses (this lease ended and another node started the window)
+exits 70.
+
+Resuming: --resume-file F keeps a re-executed job's lease (a job killed and
+restarted by its scheduler). Once granted, the lease's token (key, owner
+token, fence, TTL) is written to F, mode 0600; on the next start with the
+same F and KEY, run resumes that lease if the store still holds it, after
+the store confirms owner and fence, so DLOCK_FENCE is unchanged (report:
+"resumed": true). A file whose lease is gone (expired, released, taken
+over), malformed, for another KEY, or readable or writable by others, is
+never trusted: run says so on stderr and acquires afresh, replacing it. F
+is removed when run ends. While a run uses F it holds a lock on F.lock, so
+a second run started meanwhile with the same F (a job overlapping itself)
+does not resume the first one's lease: it acquires afresh, and finds KEY
+held. Stores whose grants end with their process
+(ZooKeeper, pgadvisory) cannot resume: run says so and acquires afresh.
+--max-hold D stops renewing D after the grant (counted from the first grant
+across resumptions): the command is then terminated as on a lost lease
+(exit 70), and the key is free once its TTL runs out.
 
 Nothing the command starts outlives the lease. dlock runs it under a
 supervisor (dlock's own binary, re-executed) that owns the command's process
@@ -187,6 +225,9 @@ Exit status:
   # a JSON report for the scheduler, away from the job's output
   dlock run -o json --report /var/log/job.json job -- ./job.sh
 
+  # a daily job on every node of a fleet, run by one of them once per day
+  dlock run --once-per day --ledger postgres://app@db/app nightly-report -- ./report.sh
+
   # an efficiency lock: run even when the store is down
   dlock run --fail-open cache-warmup -- ./warm.sh`,
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -233,7 +274,9 @@ Exit status:
 	fl.DurationVar(&f.grace, "grace", 10*time.Second, "when the command is terminated (lost lease, dlock's death), time between SIGTERM and SIGKILL")
 	fl.BoolVar(&f.failOpen, "fail-open", false, "run the command without a lease when the store cannot be reached (efficiency locks only; never for invalid input)")
 	fl.StringVar(&f.cgroup, "cgroup", "auto", `"auto": put the command in a cgroup v2 of its own when the cgroup hierarchy is writable; "off": process group and subreaper only`)
-	fl.IntVar(&f.permits, "permits", 0, fmt.Sprintf("semaphore: let up to N holders of KEY run at once, on the slot keys KEY/permit-0..N-1 (1-%d; 0: a plain lock)", MaxPermits))
+	fl.IntVar(&f.permits, "permits", 0, fmt.Sprintf("semaphore: let up to N holders of KEY run at once: N permits of the key KEY/permit-shared where the store has native semaphores (dlockd), else the slot keys KEY/permit-0..N-1 (1-%d; 0: a plain lock)", MaxPermits))
+	f.once.addFlags(fl)
+	f.resume.addFlags(fl)
 	fl.IntVar(&f.conflictCode, "conflict-exit-code", ExitHeld, "exit status when KEY is held or --wait-timeout passed (0-255; flock -E)")
 	fl.StringVarP(&f.shell, "shell", "c", "", "run this command string with sh -c instead of the command after --")
 	fl.StringVar(&f.report, "report", "", `write the JSON report here: a file path, or "fd:N" for an open file descriptor (implies the report; default with -o json: stderr)`)
@@ -263,6 +306,7 @@ func openReport(spec string) (io.WriteCloser, error) {
 
 func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, key string, argv []string) error {
 	res := runResult{Key: key, Store: g.redactedStore()}
+	key = f.once.lockKey(key) // --once-per: the lock is once/KEY (once.go)
 	var reportTo io.Writer
 	if g.json() {
 		reportTo = g.stderr
@@ -335,6 +379,12 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 	case f.conflictCode < 0 || f.conflictCode > 255:
 		return invalid(fmt.Errorf("--conflict-exit-code must be 0 to 255, not %d", f.conflictCode))
 	}
+	if err := f.once.validate(f); err != nil {
+		return invalid(err)
+	}
+	if err := f.resume.validate(f); err != nil {
+		return invalid(err)
+	}
 	if f.permits > 0 {
 		if err := dlock.ValidateKey(PermitKey(key, f.permits-1)); err != nil {
 			return invalid(fmt.Errorf("--permits: the slot key %q: %w", PermitKey(key, f.permits-1), err))
@@ -380,6 +430,7 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 		}
 	}
 	opts = append(opts, dlock.WithObserver(renewed))
+	opts = append(opts, f.resume.options()...) // --max-hold (resume.go)
 
 	// From here on SIGINT, SIGTERM and SIGHUP never kill dlock: before the
 	// command runs they end the store calls and the wait (exit 128+N); once
@@ -437,7 +488,11 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 	default:
 		defer locker.Close()
 		startWatch()
-		lease, permit, err = acquire(actx, locker, f, key, opts, retrySet, sayRetrying)
+		lease, permit, err = f.resume.acquire(actx, g, locker, f, key, opts, func() (*dlock.Lease, int, error) { // --resume-file (resume.go)
+			return acquire(actx, locker, f, key, opts, retrySet, sayRetrying)
+		})
+		defer f.resume.done()
+		res.Resumed = f.resume.resumed
 		if intr := endWatch(); intr != nil {
 			_ = releaseLease(lease)
 			return report(128+int(intr.(interrupted).sig), "interrupted", fmt.Errorf("%w: not run", intr))
@@ -491,10 +546,18 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 		p := permit
 		res.Permit, res.SlotKey = &p, PermitKey(key, permit)
 		env = append(env, "DLOCK_PERMIT="+strconv.Itoa(permit), "DLOCK_PERMIT_KEY="+PermitKey(key, permit))
+	} else if permit == nativePermit { // a native permit has no slot index (permits.go)
+		res.SlotKey = permitLeaseKey(key, permit)
+		env = append(env, "DLOCK_PERMIT_KEY="+res.SlotKey)
 	}
+	if stop, code, result, err := f.once.begin(actx, g, f, lease, &res); stop { // --once-per (once.go)
+		_ = releaseLease(lease)
+		return report(code, result, err)
+	}
+	env = append(env, f.once.env()...)
 	leaseKey := key
-	if permit >= 0 {
-		leaseKey = PermitKey(key, permit)
+	if permit >= 0 || permit == nativePermit {
+		leaseKey = permitLeaseKey(key, permit)
 	}
 	// SIGINT, SIGTERM and SIGHUP (on sigs) are forwarded to the command's
 	// group; dlock itself keeps running until the command ends, then
@@ -537,7 +600,7 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 			job.Signal(sig.(syscall.Signal))
 		case <-leaseDone:
 			lostErr := lease.Err()
-			fmt.Fprintf(g.stderr, "dlock: lease on %q lost while the command ran; sending SIGTERM to everything it started (SIGKILL after %v)\n", leaseKey, f.grace)
+			fmt.Fprint(g.stderr, f.resume.lostMessage(leaseKey, lostErr, f.grace)) // --max-hold says so (resume.go)
 			job.Terminate()
 			<-job.Done()
 			_ = releaseLease(lease)
@@ -547,6 +610,10 @@ func runUnderLease(ctx context.Context, g *globals, f *runFlags, retrySet bool, 
 			var left time.Duration
 			if lease != nil {
 				left = time.Until(lease.Deadline())
+			}
+			if err := f.once.end(g, lease, r); err != nil { // --once-per (once.go)
+				_ = releaseLease(lease)
+				return report(ExitLost, "lost", err)
 			}
 			relErr := releaseLease(lease)
 			if r.Reason == supervise.ReasonDeadline {
@@ -600,7 +667,7 @@ func heldMessage(ctx context.Context, g *globals, l *dlock.Locker, f *runFlags, 
 		suffix = "not run (--wait or --wait-timeout to wait for it)"
 	}
 	if f.permits > 0 {
-		return fmt.Errorf("run %q: all %d permits (%s .. %s) are held; %s", key, f.permits, PermitKey(key, 0), PermitKey(key, f.permits-1), suffix)
+		return fmt.Errorf("run %q: all %d permits (%s) are held; %s", key, f.permits, permitKeys(l, key, f.permits), suffix)
 	}
 	ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
@@ -722,50 +789,7 @@ func (e *noAnswerError) Error() string {
 }
 func (e *noAnswerError) Unwrap() error { return e.err }
 
-// tryPermits tries every slot of the semaphore once, in random order, and
-// returns the first granted; ErrNotAcquired when all are held.
-func tryPermits(ctx context.Context, l *dlock.Locker, f *runFlags, key string, opts []dlock.Option) (*dlock.Lease, int, error) {
-	for _, i := range rand.Perm(f.permits) {
-		lease, err := l.TryAcquire(ctx, PermitKey(key, i), opts...)
-		if err == nil {
-			return lease, i, nil
-		}
-		if !errors.Is(err, dlock.ErrNotAcquired) {
-			return nil, -1, err
-		}
-	}
-	return nil, -1, fmt.Errorf("all %d permits of %q are held: %w", f.permits, key, dlock.ErrNotAcquired)
-}
-
-// waitPermits tries the slots until one is granted or ctx ends, sleeping a
-// full-jitter backoff (50 ms doubling to 2 s) between rounds.
-//
-// A store that cannot be reached is retried the same way when
-// retryOutages is set (--wait without --retry-for: the whole wait), and
-// onOutage is told of each such error; otherwise each slot's attempt has
-// already spent --retry-for on it.
-func waitPermits(ctx context.Context, l *dlock.Locker, f *runFlags, key string, opts []dlock.Option, retryOutages bool, onOutage func(error)) (*dlock.Lease, int, error) {
-	backoff := 50 * time.Millisecond
-	for {
-		lease, i, err := tryPermits(ctx, l, f, key, opts)
-		retry := errors.Is(err, dlock.ErrNotAcquired) ||
-			(retryOutages && errors.Is(err, dlock.ErrUnavailable) && !errors.Is(err, dlock.ErrInvalidArgument))
-		if !retry {
-			return lease, i, err
-		}
-		if errors.Is(err, dlock.ErrUnavailable) {
-			onOutage(err)
-		}
-		t := time.NewTimer(rand.N(backoff) + time.Millisecond)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, -1, fmt.Errorf("%w (%w)", ctx.Err(), err)
-		case <-t.C:
-		}
-		backoff = min(2*backoff, 2*time.Second)
-	}
-}
+// tryPermits and waitPermits (--permits, on package semaphore) are in permits.go.
 
 // openRetrying opens the store, retrying an unreachable one for up to
 // retryFor (0: once; negative: until ctx ends); retrying is told of each
