@@ -111,3 +111,64 @@ func TestResume_PushedLoss(t *testing.T) {
 		t.Errorf("Err = %v, want ErrLeaseLost", rs.Err())
 	}
 }
+
+// TestResume_RefusedChangesNothing: a Resume the server must refuse (a
+// wrong fence, a grant of another kind) is ErrLeaseLost and renews
+// nothing: the grant keeps the time it had, never the token's TTL.
+func TestResume_RefusedChangesNothing(t *testing.T) {
+	srv := servertest.StartEmbedded(t, servertest.Config(t, t.TempDir()))
+	first, fd := resumeLocker(t, srv.Addr())
+	second, _ := resumeLocker(t, srv.Addr())
+	ctx := t.Context()
+	remaining := func(key string) time.Duration {
+		t.Helper()
+		info, err := first.Inspect(ctx, key)
+		if err != nil {
+			t.Fatalf("Inspect %q: %v", key, err)
+		}
+		return info.Remaining
+	}
+
+	ls, err := first.Acquire(ctx, "resume/refused", dlock.WithTTL(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ls.Release(ctx)
+	forged := ls.Token()
+	forged.Fence++
+	forged.TTL = dlock.MaxTTL
+	if _, err := second.Resume(ctx, forged); !errors.Is(err, dlock.ErrLeaseLost) {
+		t.Fatalf("Resume with a wrong fence = %v, want ErrLeaseLost", err)
+	}
+	if left := remaining("resume/refused"); left > 2*time.Second {
+		t.Errorf("a refused Resume renewed the grant: %v left, TTL 2s", left)
+	}
+
+	// A Shared grant (a permit) is not found by a plain Driver's Resume,
+	// and a plain grant not by a Shared view's.
+	view, err := fd.(driver.SharedLocker).SharedView(driver.SharedKind{Mode: driver.Shared, Limit: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner := "owner-permit-resume-0123456789"
+	g, err := view.TryAcquire(ctx, driver.AcquireRequest{Key: "resume/permit", Owner: owner, TTL: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer view.Release(ctx, "resume/permit", owner)
+	tok := dlock.LeaseToken{Key: "resume/permit", Owner: owner, Fence: g.Fence, TTL: dlock.MaxTTL}
+	if _, err := second.Resume(ctx, tok); !errors.Is(err, dlock.ErrLeaseLost) {
+		t.Fatalf("plain Resume of a permit = %v, want ErrLeaseLost", err)
+	}
+	if left := remaining("resume/permit"); left > 2*time.Second {
+		t.Errorf("a refused Resume of a permit renewed it: %v left, TTL 2s", left)
+	}
+	plain := ls.Token()
+	plain.TTL = dlock.MaxTTL
+	if _, err := view.(driver.Resumer).Resume(ctx, driver.AcquireRequest{Key: plain.Key, Owner: plain.Owner, TTL: plain.TTL}, plain.Fence); !errors.Is(err, driver.ErrLeaseLost) {
+		t.Fatalf("shared-view Resume of a plain grant = %v, want ErrLeaseLost", err)
+	}
+	if left := remaining("resume/refused"); left > 2*time.Second {
+		t.Errorf("a refused shared-view Resume renewed the plain grant: %v left, TTL 2s", left)
+	}
+}

@@ -86,7 +86,9 @@ var (
 )
 
 // Resume implements driver.Resumer for grants of the view's kind, as the
-// Driver's Resume does for plain locks (resume.go): a renewal to a full
+// Driver's Resume does for plain locks (resume.go): a read that the key
+// holds a grant of fence of the view's kind (else driver.ErrLeaseLost,
+// nothing changed), a renewal to a full
 // req.TTL (driver.ErrLeaseLost when the owner token no longer holds the
 // key), then the holder's repeated acquisition of the view's kind, which
 // answers the grant's own fence and binds the grant to this Driver's
@@ -100,6 +102,9 @@ func (v *sharedView) Resume(ctx context.Context, req driver.AcquireRequest, fenc
 	}
 	if fence == 0 {
 		return driver.Grant{}, fmt.Errorf("dlockd: resume: %w: fence 0", driver.ErrInvalidArgument)
+	}
+	if err := v.d.resumeCheck(ctx, req.Key, fence, v.k); err != nil {
+		return driver.Grant{}, err
 	}
 	if err := v.d.Renew(ctx, req.Key, req.Owner, req.TTL); err != nil {
 		return driver.Grant{}, err

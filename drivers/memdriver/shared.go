@@ -81,10 +81,11 @@ func (v *view) Release(ctx context.Context, key, owner string) error {
 	return v.d.Release(ctx, key, owner)
 }
 
-// Resume re-attaches to a grant of any kind by owner and fence, as
-// Driver.Resume (grants are found by owner token, whatever their kind).
+// Resume re-attaches to a grant of the view's kind by owner and fence, as
+// Driver.Resume does to plain grants; a grant of another kind is
+// driver.ErrLeaseLost.
 func (v *view) Resume(ctx context.Context, req driver.AcquireRequest, fence uint64) (driver.Grant, error) {
-	return v.d.Resume(ctx, req, fence)
+	return v.d.resume(ctx, req, fence, v.kind)
 }
 
 // Inspect describes key's oldest grant, as Driver.Inspect.

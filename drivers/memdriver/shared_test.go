@@ -187,3 +187,44 @@ func TestSharedView_ExpiryHandsOver(t *testing.T) {
 		t.Fatalf("renewing the expired permit: %v, want ErrLeaseLost", err)
 	}
 }
+
+// TestResume_KindMustMatch: a Shared grant is resumed only through a view
+// of its kind (its limit too), a plain grant only through the Driver; any
+// other Resume is ErrLeaseLost and leaves the grant as it was.
+func TestResume_KindMustMatch(t *testing.T) {
+	d := memdriver.New(memdriver.NewStore())
+	defer d.Close()
+	ctx := context.Background()
+	permits := view(t, d, driver.Shared, 2)
+	p := req("k-permit", 1)
+	g, err := permits.TryAcquire(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := req("k-plain", 2)
+	pg, err := d.TryAcquire(ctx, plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		r    driver.Resumer
+		req  driver.AcquireRequest
+		f    uint64
+	}{
+		{"permit through the Driver", d, p, g.Fence},
+		{"permit through a view of another limit", view(t, d, driver.Shared, 3).(driver.Resumer), p, g.Fence},
+		{"permit through a reader view", view(t, d, driver.Shared, 0).(driver.Resumer), p, g.Fence},
+		{"plain grant through a permit view", permits.(driver.Resumer), plain, pg.Fence},
+	} {
+		if _, err := c.r.Resume(ctx, c.req, c.f); !errors.Is(err, driver.ErrLeaseLost) {
+			t.Errorf("Resume of a %s = %v, want ErrLeaseLost", c.name, err)
+		}
+	}
+	if _, err := permits.(driver.Resumer).Resume(ctx, p, g.Fence); err != nil {
+		t.Errorf("Resume of a permit through its view: %v", err)
+	}
+	if _, err := d.Resume(ctx, plain, pg.Fence); err != nil {
+		t.Errorf("Resume of a plain grant through the Driver: %v", err)
+	}
+}
