@@ -550,7 +550,8 @@ func testWaitKeepsPlace(t *testing.T, open func(...int) *dlockddriver.Driver, tt
 // TestClusterProcess_WatchFollowsLeader: a grant's Lost channel still
 // closes on a force release after the Driver's Watch stream lost its node
 // (the leader, which the stream prefers, killed) and after a leadership
-// transfer.
+// transfer, including when the force release is applied before the stream
+// reattached (found by the fence check after the reconnection).
 func TestClusterProcess_WatchFollowsLeader(t *testing.T) {
 	c, open := startProcCluster(t)
 	d, admin := open(), open()
@@ -589,7 +590,9 @@ func TestClusterProcess_WatchFollowsLeader(t *testing.T) {
 			t.Fatalf("Lost of %q not closed within 10 s of the force release", key)
 		}
 		err := d.Renew(opCtx(t, 5*time.Second), key, "owner-watch-"+key, 30*time.Second)
-		if !errors.Is(err, driver.ErrLeaseLost) || !strings.Contains(err.Error(), "force-released") {
+		// The reason is the server's when the loss was pushed, or the
+		// fence check's when it was applied while the stream reconnected.
+		if !errors.Is(err, driver.ErrLeaseLost) || !(strings.Contains(err.Error(), "force-released") || strings.Contains(err.Error(), "reconnecting")) {
 			t.Errorf("Renew after the push = %v; want ErrLeaseLost with the reason", err)
 		}
 	}
@@ -728,5 +731,68 @@ func TestCluster_LeaderWithWrongAdvertise(t *testing.T) {
 	var lerr error = dlock.ErrUnavailable
 	if _, rerr := dlock.New(f).TryAcquire(opCtx(t, 3*time.Second), "adv-y", dlock.WithOpTimeout(time.Second)); !errors.Is(rerr, lerr) || !strings.Contains(rerr.Error(), want) {
 		t.Fatalf("root TryAcquire = %v; want ErrUnavailable saying %q", rerr, want)
+	}
+}
+
+// TestClusterProcess_LossWhileWatchReconnects: a force release applied by
+// the new leader while the Driver's Watch stream is still reconnecting
+// (after the leader it watched was killed) reaches no stream; the fence
+// check after the reconnection finds it, and the grant's Lost channel
+// closes, with a reason that says how the loss was found.
+func TestClusterProcess_LossWhileWatchReconnects(t *testing.T) {
+	entered := make(chan struct{})
+	proceed := make(chan struct{})
+	var once sync.Once
+	restore := dlockddriver.SetWatchReopenHook(func() {
+		once.Do(func() {
+			close(entered)
+			select {
+			case <-proceed:
+			case <-time.After(30 * time.Second):
+			}
+		})
+	})
+	t.Cleanup(restore) // after the Drivers' own clean-ups (LIFO)
+	c, open := startProcCluster(t)
+	d, admin := open(), open()
+	ctx := opCtx(t, 60*time.Second)
+	li, err := c.WaitLeader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitCond(t, "the driver's belief on the leader", func() bool { return d.Leader() == c.Node(li).Addr })
+	const key, owner = "unseen", "owner-unseen-0123456789"
+	g, err := d.TryAcquire(opCtx(t, 5*time.Second), driver.AcquireRequest{Key: key, Owner: owner, TTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Kill(li); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the Driver did not try to reopen its Watch stream within 20 s of the leader's kill")
+	}
+	if _, err := c.WaitLeader(ctx, li); err != nil {
+		t.Fatal(err)
+	}
+	waitCond(t, "a force release answered", func() bool {
+		_, err := admin.ForceRelease(opCtx(t, 5*time.Second), key, "test")
+		if err != nil {
+			t.Logf("ForceRelease: %v (asking again)", err)
+			time.Sleep(100 * time.Millisecond)
+		}
+		return err == nil
+	})
+	close(proceed)
+	select {
+	case <-g.Lost:
+	case <-time.After(15 * time.Second):
+		t.Fatal("Lost not closed within 15 s of the stream's reconnection, though the grant was force-released while it reconnected")
+	}
+	err = d.Renew(opCtx(t, 5*time.Second), key, owner, 30*time.Second)
+	if !errors.Is(err, driver.ErrLeaseLost) || !strings.Contains(err.Error(), "reconnecting") {
+		t.Errorf("Renew after the loss = %v; want ErrLeaseLost saying it was found after the reconnection", err)
 	}
 }

@@ -2,6 +2,7 @@ package dlockddriver
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -93,6 +94,8 @@ func (d *Driver) lossReason(key, owner string) string {
 		return "an operator force-released it"
 	case "UNCLAIMED":
 		return "it was handed over but not claimed within the claim window"
+	case reasonUnseen:
+		return "it ended while the driver's Watch stream was reconnecting (found by a fence check after the reconnection)"
 	}
 	return "server reason " + r
 }
@@ -103,7 +106,12 @@ func (d *Driver) lossReason(key, owner string) string {
 // the believed leader: it opens the stream there, moves it when the belief
 // moves (opening the new stream before it closes the old, so that no loss
 // falls between), and after a break reconnects to the leader, or to the
-// next member when the leader cannot be reached.
+// next member when the leader cannot be reached. A loss applied while no
+// stream was open (between a break and the reconnection: a killed leader's
+// force release or expiry, applied by its successor before this Driver
+// reattached) is pushed to no one, so every stream opened after a break is
+// followed by a fence check of the grants still believed live
+// (recheckLost).
 func (d *Driver) watchLoop() {
 	defer d.watchWG.Done()
 	ctx := d.watchCtx
@@ -115,6 +123,7 @@ func (d *Driver) watchLoop() {
 		}
 	}()
 	var target *member // where to open next; nil: the believed leader
+	broke := false     // a stream ended: losses may have gone unheard
 	for ctx.Err() == nil {
 		leader, changed := d.cl.current()
 		if cur == nil || cur.m != leader {
@@ -122,13 +131,19 @@ func (d *Driver) watchLoop() {
 			if cur == nil && target != nil {
 				m = target
 			}
+			if broke && watchReopenHook != nil {
+				watchReopenHook()
+			}
 			ws, err := d.openWatch(ctx, m)
 			switch {
 			case err == nil:
 				if cur != nil {
 					cur.stop()
+				} else if broke {
+					d.watchWG.Add(1)
+					go d.recheckLost(ctx)
 				}
-				cur, target, delay = ws, nil, 50*time.Millisecond
+				cur, target, delay, broke = ws, nil, 50*time.Millisecond, false
 			case cur == nil:
 				// Not even one stream: try another member after a pause.
 				target = d.cl.next(m)
@@ -149,12 +164,51 @@ func (d *Driver) watchLoop() {
 			return
 		case <-cur.done:
 			cur.stop()
-			cur = nil
+			cur, broke = nil, true
 			if !sleepCtx(ctx, delay) {
 				return
 			}
 			delay = min(delay*2, 2*time.Second)
 		case <-changed:
+		}
+	}
+}
+
+// watchReopenHook, when set (tests only: export_test.go), is called before
+// each attempt to reopen the Watch stream after a break.
+var watchReopenHook func()
+
+// reasonUnseen is the loss reason recheckLost records: the server's own
+// reason went to no stream.
+const reasonUnseen = "UNSEEN"
+
+// recheckLost asks the server (CheckFence, a linearizable read) whether each
+// grant with a Lost channel is still current, and closes the Lost channel
+// of each that is not: its loss was applied while no Watch stream was open.
+// Errors leave a grant as it is (its renewals and its validity deadline
+// still find a loss); a caller without the read permission on the keys
+// (PERMISSION_DENIED) ends the check.
+func (d *Driver) recheckLost(ctx context.Context) {
+	defer d.watchWG.Done()
+	type held struct {
+		k     grantKey
+		fence uint64
+	}
+	d.mu.Lock()
+	grants := make([]held, 0, len(d.lost))
+	for k, e := range d.lost {
+		grants = append(grants, held{k, e.fence})
+	}
+	d.mu.Unlock()
+	for _, g := range grants {
+		cctx, cancel := context.WithTimeout(ctx, probeTimeout)
+		cur, err := d.CheckFence(cctx, g.k.key, g.fence)
+		cancel()
+		switch {
+		case ctx.Err() != nil || errors.Is(err, driver.ErrPermissionDenied):
+			return
+		case err == nil && !cur:
+			d.markLost(g.k.key, g.k.owner, g.fence, reasonUnseen)
 		}
 	}
 }
