@@ -34,7 +34,7 @@ type onceFlags struct {
 }
 
 func (o *onceFlags) addFlags(fl *pflag.FlagSet) {
-	fl.StringVar(&o.per, "once-per", "", "run the command at most once per period across all nodes: hour, day, week, month (UTC) or a duration such as 15m; needs --ledger. The lock key is once/KEY")
+	fl.StringVar(&o.per, "once-per", "", "run the command at most once per period across all nodes: hour, day, week, month (UTC, or in a time zone such as \"day Europe/Paris\") or a duration such as 15m; needs --ledger. The lock key is once/KEY")
 	fl.StringVar(&o.ledger, "ledger", "", "with --once-per: the run ledger, postgres://…, sqlite:PATH or redis://… (env DLOCK_LEDGER); the period is taken from its clock")
 }
 
@@ -59,8 +59,16 @@ func (o *onceFlags) validate(f *runFlags) error {
 		return nil
 	}
 	p, err := once.ParsePeriod(o.per)
+	if err != nil && len(strings.Fields(o.per)) == 2 {
+		// The period with a time zone: say which part is wrong.
+		return fmt.Errorf("--once-per: %s", strings.TrimSuffix(strings.TrimPrefix(err.Error(), "once: "), ": "+dlock.ErrInvalidArgument.Error()))
+	}
 	if err != nil {
-		return fmt.Errorf("--once-per %q: want hour, day, week, month or a duration of 1s to 366 days (e.g. 15m)", o.per)
+		return fmt.Errorf("--once-per %q: want hour, day, week, month (optionally with a time zone: \"day Europe/Paris\") or a duration of 1s to 366 days (e.g. 15m)", o.per)
+	}
+	if strings.HasSuffix(p.String(), " Local") {
+		// Each node's Local is its own TZ: nodes could disagree on the window.
+		return fmt.Errorf("--once-per %q: name the time zone (e.g. \"day Europe/Paris\"): Local may differ between nodes", o.per)
 	}
 	o.period = p
 	if o.ledger == "" {

@@ -129,8 +129,12 @@ func (r *resumeFlags) resume(ctx context.Context, g *globals, l *dlock.Locker, f
 	tok := st.Token
 	ropts := append([]dlock.Option(nil), opts...)
 	overdue := false
+	now := time.Now()
+	// A grant in the future (this machine's clock was stepped back, or
+	// the file was edited) counts as now: never more than --max-hold.
+	future := st.Granted.After(now)
 	if r.maxHold > 0 && !st.Granted.IsZero() {
-		left := r.maxHold - time.Since(st.Granted)
+		left := holdLeft(r.maxHold, st.Granted, now)
 		if left <= 0 {
 			overdue = true
 		} else {
@@ -160,6 +164,15 @@ func (r *resumeFlags) resume(ctx context.Context, g *globals, l *dlock.Locker, f
 		return nil, nil
 	case err == nil:
 		r.resumed, r.saved, r.own = true, tok, true
+		if future {
+			// Count from now in later re-executions too, or each would
+			// get a whole --max-hold again.
+			warnf("the saved lease on %q was granted at %s, in the future by this machine's clock: counting its hold from now",
+				tok.Key, st.Granted.Format(time.RFC3339))
+			if err := r.save(resumeState{Token: tok, Granted: now}); err != nil {
+				warnf("cannot save the lease's grant time (%v)", err)
+			}
+		}
 		if g.debug {
 			fmt.Fprintf(g.stderr, "dlock: debug: resumed the lease on %q saved in %s (fence %d)\n", tok.Key, r.file, tok.Fence)
 		}
@@ -178,6 +191,14 @@ func (r *resumeFlags) resume(ctx context.Context, g *globals, l *dlock.Locker, f
 		return nil, nil
 	}
 	return nil, err
+}
+
+// holdLeft returns what is left of --max-hold maxHold at now for a lease
+// first granted at granted (this machine's wall clock, from the resume
+// file), within [0, maxHold]: a grant after now counts as now.
+func holdLeft(maxHold time.Duration, granted, now time.Time) time.Duration {
+	held := max(now.Sub(granted), 0)
+	return min(max(maxHold-held, 0), maxHold)
 }
 
 // load reads the resume file. ok is false when there is none. An error

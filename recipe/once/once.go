@@ -151,7 +151,7 @@ type Result struct {
 	Skew time.Duration
 }
 
-// Option configures Run.
+// Option configures Run, Peek and Begin. A nil Option is ignored.
 type Option func(*options)
 
 type options struct {
@@ -166,7 +166,13 @@ type options struct {
 // holder description, backoff ...). Zero value: the Locker's defaults.
 // WithFailOpen is refused (see the package doc).
 func WithLockOptions(opts ...dlock.Option) Option {
-	return func(o *options) { o.lockOpts = append(o.lockOpts, opts...) }
+	return func(o *options) {
+		for _, lo := range opts {
+			if lo != nil { // the root package would call it
+				o.lockOpts = append(o.lockOpts, lo)
+			}
+		}
+	}
 }
 
 // WithNode names this node in the ledger's records (at most 256 bytes).
@@ -409,7 +415,9 @@ func call(ctx context.Context, lease *dlock.Lease, fn func(context.Context, Atte
 func newOptions(opts []Option) options {
 	var o options
 	for _, opt := range opts {
-		opt(&o)
+		if opt != nil { // a nil Option is skipped, as in the other recipes
+			opt(&o)
+		}
 	}
 	return o
 }

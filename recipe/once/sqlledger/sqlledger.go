@@ -38,9 +38,13 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/dlock-dev/dlock"
@@ -124,9 +128,11 @@ func New(db *sql.DB, dialect Dialect, table string) (*Ledger, error) {
 //
 // A plain path is refused: a mistyped DSN ("localhost:5432", "postgres:/db")
 // taken for a file would give each node a ledger of its own, and every node
-// would run the job. Close closes the database. A DSN of no known form, or a driver not
-// imported, is an error matching dlock.ErrInvalidArgument; a database that
-// cannot be reached, one matching dlock.ErrUnavailable.
+// would run the job. Close closes the database. A DSN of no known form, a
+// driver not imported, or a SQLite path that is a directory or in a
+// directory that does not exist, is an error matching
+// dlock.ErrInvalidArgument; a database that cannot be reached, one matching
+// dlock.ErrUnavailable.
 func Open(ctx context.Context, dsn string) (*Ledger, error) {
 	var driverName, source string
 	var dialect Dialect
@@ -147,6 +153,9 @@ func Open(ctx context.Context, dsn string) (*Ledger, error) {
 			return nil, fmt.Errorf("sqlledger: ledger %q: want postgres://… or sqlite:PATH: %w", redact(dsn), dlock.ErrInvalidArgument)
 		}
 		path, _, _ = strings.Cut(path, "?")
+		if err := checkSQLitePath(path); err != nil {
+			return nil, fmt.Errorf("sqlledger: ledger %q: %w: %w", redact(dsn), err, dlock.ErrInvalidArgument)
+		}
 		driverName, dialect = "sqlite", SQLite
 		source = "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)"
 	}
@@ -169,6 +178,31 @@ func Open(ctx context.Context, dsn string) (*Ledger, error) {
 		return nil, err
 	}
 	return l, nil
+}
+
+// checkSQLitePath refuses a SQLite path that cannot be a database file: a
+// directory, or a file in a directory that does not exist. These are
+// mistakes in the DSN, not an unavailable database.
+func checkSQLitePath(path string) error {
+	if strings.HasPrefix(path, ":memory:") {
+		return nil
+	}
+	fi, err := os.Stat(path)
+	switch {
+	case err == nil && fi.IsDir():
+		return fmt.Errorf("%s is a directory, not a database file", path)
+	case err == nil || !(errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)):
+		return nil // a file, or a problem that opening reports
+	}
+	dir := filepath.Dir(path)
+	fi, err = os.Stat(dir)
+	switch {
+	case err == nil && !fi.IsDir():
+		return fmt.Errorf("%s is not a directory", dir)
+	case errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR):
+		return fmt.Errorf("the directory %s does not exist", dir)
+	}
+	return nil
 }
 
 func redact(dsn string) string {
