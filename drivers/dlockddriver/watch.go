@@ -109,9 +109,10 @@ func (d *Driver) lossReason(key, owner string) string {
 // next member when the leader cannot be reached. A loss applied while no
 // stream was open (between a break and the reconnection: a killed leader's
 // force release or expiry, applied by its successor before this Driver
-// reattached) is pushed to no one, so every stream opened after a break is
+// reattached, or a grant's loss before the first stream was up) is pushed
+// to no one, so every stream opened other than by a planned move is
 // followed by a fence check of the grants still believed live
-// (recheckLost).
+// (recheckLost; nothing to check, and no call, when there are none).
 func (d *Driver) watchLoop() {
 	defer d.watchWG.Done()
 	ctx := d.watchCtx
@@ -139,7 +140,9 @@ func (d *Driver) watchLoop() {
 			case err == nil:
 				if cur != nil {
 					cur.stop()
-				} else if broke {
+				} else {
+					// The first stream, or one after a break: a grant
+					// made before it was up may have ended unheard.
 					d.watchWG.Add(1)
 					go d.recheckLost(ctx)
 				}
