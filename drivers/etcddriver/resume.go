@@ -25,9 +25,11 @@ var _ driver.Resumer = (*Driver)(nil)
 // that revision and be the holder (the first), not a waiter. Then it
 // renews the entry's lease (KeepAliveOnce, which restores the TTL the
 // lease was granted with) and reads the entry back, as Renew does. A
-// missing entry, another revision, an entry that is still a waiter, or a
-// lease etcd no longer knows is driver.ErrLeaseLost; the refusals before
-// the keepalive write nothing.
+// missing entry, another revision, an entry that is still a waiter, a
+// reader's entry (a read lock of the rwlock recipe: the Driver resumes
+// plain locks only, and a read lock shares its key), or a lease etcd no
+// longer knows is driver.ErrLeaseLost; the refusals before the keepalive
+// write nothing.
 //
 // The resumed grant is tracked as a fresh one: Grant.Lost is closed when
 // the entry is deleted (lease expired or revoked, entry deleted), by the
@@ -77,8 +79,11 @@ func (d *Driver) Resume(ctx context.Context, req driver.AcquireRequest, fence ui
 	if id == 0 {
 		return driver.Grant{}, storeErr("resume", fmt.Errorf("%w: the entry has no lease", driver.ErrLeaseLost))
 	}
-	var v value
-	if json.Unmarshal(own[0].Value, &v) == nil && v.TTL > 0 {
+	var v sharedValue
+	if json.Unmarshal(own[0].Value, &v) == nil && v.Mode == sharedMode {
+		return driver.Grant{}, storeErr("resume", fmt.Errorf("%w: the owner's entry is a read lock's (a shared grant), not a plain lock's", driver.ErrLeaseLost))
+	}
+	if v.TTL > 0 {
 		if granted := time.Duration(leaseSeconds(v.TTL)) * time.Second; req.TTL > granted {
 			return driver.Grant{}, storeErr("resume", fmt.Errorf("%w: TTL %v is longer than the grant's etcd lease of %v (a lease keeps the TTL it was granted with)",
 				driver.ErrInvalidTTL, req.TTL, granted))

@@ -113,3 +113,36 @@ func TestRWLock_ReaderLostIsPushed(t *testing.T) {
 		t.Fatalf("lease error %v, want ErrLeaseLost", r.Err())
 	}
 }
+
+// TestRWLock_ReadLockNotResumedAsPlain: a read lock's token, given to a
+// plain Locker's Resume, is ErrLeaseLost (the plain Driver resumes plain
+// locks only): it would otherwise hand out an exclusive lease of a key
+// other readers hold.
+func TestRWLock_ReadLockNotResumedAsPlain(t *testing.T) {
+	e := testservers.StartEtcd(t)
+	ctx := t.Context()
+	l1 := dlock.New(openDriver(t, e.URL()))
+	defer l1.Close()
+	l2 := dlock.New(openDriver(t, e.URL()))
+	defer l2.Close()
+	key := fmt.Sprintf("resume-rw:%d", time.Now().UnixNano())
+	rw, err := rwlock.New(l1, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rw.Close()
+	r, err := rw.RLock(ctx) // the first entry of the key's directory
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Release(ctx)
+	if ls, err := l2.Resume(ctx, r.Token()); !errors.Is(err, dlock.ErrLeaseLost) {
+		if ls != nil {
+			_ = ls.Release(ctx)
+		}
+		t.Fatalf("plain Resume of a read lock's token = %v, want ErrLeaseLost", err)
+	}
+	if r.Err() != nil {
+		t.Errorf("the read lock ended after the refused resume: %v", r.Err())
+	}
+}

@@ -15,15 +15,14 @@ import (
 
 var _ driver.Resumer = (*Driver)(nil)
 
-// resumeScript, on one node: when the lock key KEYS[1] holds the owner
-// token ARGV[1], resets its expiry to ARGV[2] ms and returns the node's
-// fence counter KEYS[2] (≥ 0); returns -2 when the key is missing and -1
-// when another owner holds it. It writes no fence: see Resume.
-var resumeScript = redis.NewScript(`
+// resumeCheckScript, on one node, reads only: when the lock key KEYS[1]
+// holds the owner token ARGV[1], it returns the node's fence counter
+// KEYS[2] (≥ 0); it returns -2 when the key is missing and -1 when another
+// owner holds it. See Resume.
+var resumeCheckScript = redis.NewScript(`
 local cur = redis.call('GET', KEYS[1])
 if cur == false then return -2 end
 if cur ~= ARGV[1] then return -1 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return tonumber(redis.call('GET', KEYS[2]) or '0')
 `)
 
@@ -33,16 +32,23 @@ var errNodeBelowFence = errors.New("fence counter below the token's fence")
 
 // Resume implements driver.Resumer: a Redlock grant lives in its lock keys
 // on the nodes, not in the connection that made it, so another driver on
-// the same nodes (and prefix) can re-attach to it. Resume runs on every
-// node in parallel, bounded by the node timeout: where the lock key still
-// holds req.Owner it resets the key's expiry to req.TTL. It succeeds when a
-// majority of the nodes holds the owner's key (a missing key never counts,
-// as for Renew) and at least one of them has a fence counter of at least
-// fence; it then writes fence to the counters of the owner's nodes ("set
-// if greater", as renewals do) and repairs missing keys, so the grant is
-// what a fresh one is. Otherwise it returns driver.ErrLeaseLost (a
-// *QuorumError), having changed nothing but the expiry of keys the owner
-// still held, or driver.ErrUnavailable when too few nodes answered.
+// the same nodes (and prefix) can re-attach to it. Two rounds, each on
+// every node in parallel, bounded by the node timeout:
+//
+//  1. A read of each node's lock key and fence counter, which changes
+//     nothing. The resume goes on when a majority of the nodes holds the
+//     owner's key (a missing key never counts, as for Renew) and at least
+//     one of them has a fence counter of at least fence; otherwise Resume
+//     returns driver.ErrLeaseLost (a *QuorumError, or the fence's
+//     refusal), or driver.ErrUnavailable when too few nodes answered,
+//     having written nothing.
+//  2. The renewal: each node of the owner's gets its key's expiry reset to
+//     req.TTL and fence written to its counter ("set if greater", as
+//     renewals do), and a node where the key is missing gets it again, so
+//     the grant is what a fresh one is. Unless a majority of the nodes
+//     confirms it, Resume returns driver.ErrLeaseLost (another owner took
+//     the key meanwhile) or driver.ErrUnavailable: the keys renewed then
+//     expire by req.TTL, as after a failed acquisition.
 //
 // The nodes keep the owner token of a grant, not its fence, so the fence is
 // the token's: Resume checks only that it is not above every counter of the
@@ -68,7 +74,7 @@ func (d *Driver) Resume(ctx context.Context, req driver.AcquireRequest, fence ui
 	ttlMS := max(req.TTL.Milliseconds(), 1)
 	var reached atomic.Bool // a node of the owner's has a counter ≥ fence
 	errs := d.each(ctx, nto, func(ctx context.Context, i int, c redis.Scripter) error {
-		n, err := resumeScript.Run(ctx, c, keys, req.Owner, ttlMS).Int64()
+		n, err := resumeCheckScript.Run(ctx, c, keys, req.Owner).Int64()
 		if err != nil {
 			return err
 		}
@@ -95,15 +101,34 @@ func (d *Driver) Resume(ctx context.Context, req driver.AcquireRequest, fence ui
 	if !reached.Load() {
 		return driver.Grant{}, fmt.Errorf("redlockdriver: resume %q: %w: fence %d is above every fence counter of the owner's nodes, so it was never issued for this grant", req.Key, driver.ErrLeaseLost, fence)
 	}
-	// The fence onto the owner's nodes, and the key onto missing ones,
-	// best effort: the next renewal does it again.
+	// The renewal, with the fence, onto the owner's nodes, and the key
+	// onto missing ones; a majority must confirm it.
 	fenceArg := strconv.FormatUint(fence, 10)
-	d.each(ctx, nto, func(ctx context.Context, i int, c redis.Scripter) error {
-		if errs[i] != nil && !errors.Is(errs[i], errNodeBelowFence) && !errors.Is(errs[i], errNodeMissing) {
-			return nil
+	renewed := d.each(ctx, nto, func(ctx context.Context, i int, c redis.Scripter) error {
+		script := renewScript
+		switch {
+		case errors.Is(errs[i], errNodeMissing):
+			script = repairScript
+		case errs[i] != nil && !errors.Is(errs[i], errNodeBelowFence):
+			return errs[i] // another owner's, or no answer: not renewed
 		}
-		return repairScript.Run(ctx, c, keys, req.Owner, ttlMS, fenceArg).Err()
+		n, err := script.Run(ctx, c, keys, req.Owner, ttlMS, fenceArg).Int64()
+		switch {
+		case err != nil:
+			return err
+		case n == 1:
+			return nil
+		case n == 2:
+			return errNodeMissing
+		}
+		return errNodeHeld
 	})
+	if ok := count(renewed, nil); ok < d.quorum {
+		if against := count(renewed, errNodeHeld) + count(renewed, errNodeMissing); len(d.nodes)-against < d.quorum {
+			return driver.Grant{}, fmt.Errorf("redlockdriver: resume %q: %w", req.Key, d.quorumErr("resume", renewed, driver.ErrLeaseLost))
+		}
+		return driver.Grant{}, fmt.Errorf("redlockdriver: resume %q: %w", req.Key, d.quorumErr("resume", renewed, d.failure(renewed)))
+	}
 	d.mu.Lock()
 	d.fences[grantKey(req.Key, req.Owner)] = fenceOf{fence: fence, until: start.Add(req.TTL)}
 	d.mu.Unlock()

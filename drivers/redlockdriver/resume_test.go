@@ -16,7 +16,7 @@ import (
 // minority of nodes is repaired (set again with the owner token) so a later
 // renewal counts them; a token whose fence was never issued, another
 // owner, a key missing on a majority, and a released grant are
-// driver.ErrLeaseLost.
+// driver.ErrLeaseLost, and a refused resume renews no node's key.
 func TestResume_QuorumKeepsFence(t *testing.T) {
 	rs := testservers.StartRedisN(t, nodes)
 	a, b := openDriver(t, redlockURL(rs)), openDriver(t, redlockURL(rs))
@@ -33,13 +33,20 @@ func TestResume_QuorumKeepsFence(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Resume(ctx, req, g.Fence+1_000_000); !errors.Is(err, driver.ErrLeaseLost) {
+	long := req
+	long.TTL = 24 * time.Hour // a refused resume must not renew to it
+	if _, err := b.Resume(ctx, long, g.Fence+1_000_000); !errors.Is(err, driver.ErrLeaseLost) {
 		t.Errorf("Resume with a fence never issued = %v, want ErrLeaseLost", err)
 	}
-	other := req
+	other := long
 	other.Owner = "fedcba9876543210fedcba9876543210"
 	if _, err := b.Resume(ctx, other, g.Fence); !errors.Is(err, driver.ErrLeaseLost) {
 		t.Errorf("Resume by another owner = %v, want ErrLeaseLost", err)
+	}
+	for i, c := range clients {
+		if left, err := c.PTTL(ctx, lockKey).Result(); err != nil || left > req.TTL {
+			t.Errorf("node %d: the key's expiry after refused resumes = %v, %v; want at most the grant's TTL %v (a refusal renews nothing)", i, left, err, req.TTL)
+		}
 	}
 
 	// A minority (2 of 5) lost the key: the resume succeeds and repairs it.

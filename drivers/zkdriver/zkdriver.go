@@ -67,9 +67,13 @@
 // to the current session; it answers driver.ErrLeaseLost otherwise.
 //
 // Loss is pushed (Grant.Lost) for every grant of a connection at once when
-// the session expires, and also when the connection to the server is lost
-// (the client library declares that after 2/3 of the session timeout without
-// a packet from the server). The server cannot expire the session, and so
+// the session expires, and also when the connection to the server is lost:
+// at once when the connection breaks (a reset, a closed socket), and after
+// 2/3 of the session timeout without a packet from the server (the client
+// library's declaration), even when the client reconnects within the
+// session at once. That is more conservative than the session needs, but the
+// driver cannot know, while disconnected, whether the session will
+// survive. The server cannot expire the session, and so
 // cannot hand the key to someone else, before the session timeout has
 // passed since it last heard from the client, so the client always knows
 // first, whatever the TTL, as long as the client process is not paused and
