@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/dlocktest"
 	"github.com/dlock-dev/dlock/driver"
 	"github.com/dlock-dev/dlock/drivers/dlockddriver"
-	"github.com/dlock-dev/dlock/recipe/election"
 	"github.com/dlock-dev/dlock/server/servertest"
 )
 
@@ -134,50 +134,5 @@ func TestElection_ObservePushed(t *testing.T) {
 		t.Cleanup(func() { _ = l.Close() })
 		ls = append(ls, l)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	name := fmt.Sprintf("leader/%d", time.Now().UnixNano())
-	ch, err := election.Observe(ctx, ls[1], name, election.WithPollInterval(time.Hour))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := func(w election.LeaderInfo) {
-		t.Helper()
-		timer := time.NewTimer(5 * time.Second)
-		defer timer.Stop()
-		for {
-			select {
-			case got, ok := <-ch:
-				if !ok {
-					t.Fatal("Observe channel closed")
-				}
-				if got == w {
-					return
-				}
-			case <-timer.C:
-				t.Fatalf("Observe did not deliver %+v in 5 s", w)
-			}
-		}
-	}
-	want(election.LeaderInfo{})
-	var last uint64
-	for i := range 3 {
-		v := fmt.Sprintf("node-%d", i)
-		lead, err := election.Campaign(ctx, ls[i%2], name, v, dlock.WithTTL(2*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if lead.Term() <= last {
-			t.Fatalf("term %d not greater than %d", lead.Term(), last)
-		}
-		last = lead.Term()
-		want(election.LeaderInfo{Value: v, Term: lead.Term()})
-		if err := lead.Resign(ctx); err != nil {
-			t.Fatal(err)
-		}
-		want(election.LeaderInfo{})
-	}
-	cancel()
-	for range ch {
-	}
+	dlocktest.CheckObservePushed(t, ls[0], ls[1])
 }
