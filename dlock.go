@@ -171,6 +171,14 @@ var (
 	ErrMaxHoldReached error = maxHoldError{}
 )
 
+// notHeldError is Inspect's answer for a key nobody holds: it matches
+// ErrNotAcquired without printing that sentinel's text ("lock held"),
+// which would contradict it.
+type notHeldError string
+
+func (e notHeldError) Error() string        { return string(e) }
+func (e notHeldError) Is(target error) bool { return target == ErrNotAcquired }
+
 // maxHoldError is ErrMaxHoldReached: a loss by the holder's own bound.
 type maxHoldError struct{}
 
@@ -373,9 +381,9 @@ func (l *Locker) Inspect(ctx context.Context, key string) (HolderInfo, error) {
 	info, err := in.Inspect(octx, key)
 	if errors.Is(err, ErrNotAcquired) {
 		if info.LockDelay > 0 {
-			return info, l.wrap("inspect", key, fmt.Errorf("key is not held, but in its lock-delay for %v more (%w)", info.LockDelay.Round(time.Millisecond), ErrNotAcquired))
+			return info, l.wrap("inspect", key, notHeldError(fmt.Sprintf("key is not held, but in its lock-delay for %v more", info.LockDelay.Round(time.Millisecond))))
 		}
-		return info, l.wrap("inspect", key, fmt.Errorf("key is free (%w)", ErrNotAcquired))
+		return info, l.wrap("inspect", key, notHeldError("key is free"))
 	}
 	return info, l.classify("inspect", key, ctx, err)
 }

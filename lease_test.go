@@ -362,3 +362,17 @@ func (c *tryCounter) count() int {
 	defer c.mu.Unlock()
 	return c.n
 }
+
+// TestInspect_FreeKeyMessage: Inspect of a free key matches ErrNotAcquired
+// and says the key is free, without the sentinel's own "lock held".
+func TestInspect_FreeKeyMessage(t *testing.T) {
+	l := dlock.New(memdriver.New(memdriver.NewStore()))
+	defer l.Close()
+	_, err := l.Inspect(context.Background(), "nobody-holds-this")
+	if !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("Inspect of a free key = %v, want ErrNotAcquired", err)
+	}
+	if msg := err.Error(); !strings.Contains(msg, "key is free") || strings.Contains(msg, "lock held") {
+		t.Errorf("Inspect of a free key says %q; want \"key is free\", never \"lock held\"", msg)
+	}
+}
