@@ -47,12 +47,15 @@ func (d *Driver) Resume(ctx context.Context, req driver.AcquireRequest, fence ui
 	if err != nil {
 		return driver.Grant{}, d.storeErr("resume", err)
 	}
-	if kv == nil || kv.Session == "" || kv.ModifyIndex != fence {
-		return driver.Grant{}, driver.ErrLeaseLost
+	if kv == nil || kv.Session == "" {
+		return driver.Grant{}, fmt.Errorf("consuldriver: resume %q: %w (the key is not held)", req.Key, driver.ErrLeaseLost)
+	}
+	if kv.ModifyIndex != fence {
+		return driver.Grant{}, fmt.Errorf("consuldriver: resume %q: %w (its grant has fence %d, not %d)", req.Key, driver.ErrLeaseLost, kv.ModifyIndex, fence)
 	}
 	rec, ok := decodeRecord(kv.Value)
 	if !ok || rec.Owner != req.Owner {
-		return driver.Grant{}, driver.ErrLeaseLost
+		return driver.Grant{}, fmt.Errorf("consuldriver: resume %q: %w (another owner holds it)", req.Key, driver.ErrLeaseLost)
 	}
 	if granted := time.Duration(rec.TTLns); granted > 0 && req.TTL > granted {
 		return driver.Grant{}, fmt.Errorf("consuldriver: resume: %w: TTL %v is longer than the grant's session TTL %v (a Consul session keeps the TTL it was created with)",
@@ -64,14 +67,14 @@ func (d *Driver) Resume(ctx context.Context, req driver.AcquireRequest, fence ui
 		return driver.Grant{}, d.storeErr("resume", err)
 	}
 	if entry == nil { // 404: the session has ended
-		return driver.Grant{}, driver.ErrLeaseLost
+		return driver.Grant{}, fmt.Errorf("consuldriver: resume %q: %w (its session %s has ended)", req.Key, driver.ErrLeaseLost, id)
 	}
 	kv, _, err = d.read(ctx, lk)
 	if err != nil {
 		return driver.Grant{}, d.storeErr("resume", err)
 	}
 	if kv == nil || kv.Session != id || kv.ModifyIndex != fence {
-		return driver.Grant{}, driver.ErrLeaseLost
+		return driver.Grant{}, fmt.Errorf("consuldriver: resume %q: %w (the grant ended during the resume)", req.Key, driver.ErrLeaseLost)
 	}
 	ttl := time.Duration(rec.TTLns)
 	if ttl <= 0 {

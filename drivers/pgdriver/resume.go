@@ -42,7 +42,7 @@ func (d *Driver) Resume(ctx context.Context, req driver.AcquireRequest, fence ui
 	}
 	if fence > math.MaxInt64 {
 		// The fence column is a bigint: no grant has this fence.
-		return driver.Grant{}, driver.ErrLeaseLost
+		return driver.Grant{}, fmt.Errorf("pgdriver: resume %q: %w (no grant has fence %d)", req.Key, driver.ErrLeaseLost, fence)
 	}
 	if err := d.ensure(ctx); err != nil {
 		return driver.Grant{}, err
@@ -52,7 +52,7 @@ func (d *Driver) Resume(ctx context.Context, req driver.AcquireRequest, fence ui
 		return driver.Grant{}, storeErr("resume", err)
 	}
 	if tag.RowsAffected() == 0 {
-		return driver.Grant{}, driver.ErrLeaseLost
+		return driver.Grant{}, fmt.Errorf("pgdriver: resume %q: %w (the owner holds no live grant of it with fence %d: expired, released, taken over, or another fence)", req.Key, driver.ErrLeaseLost, fence)
 	}
 	return driver.Grant{Fence: fence}, nil
 }

@@ -188,19 +188,20 @@ func Leader(ctx context.Context, l *dlock.Locker, name string) (LeaderInfo, erro
 	if err := dlock.ValidateKey(name); err != nil {
 		return LeaderInfo{}, fmt.Errorf("election: leader %q: name: %w", name, err)
 	}
-	return leader(ctx, l, name)
+	return leader(ctx, l, "leader", name)
 }
 
-func leader(ctx context.Context, l *dlock.Locker, name string) (LeaderInfo, error) {
+// leader is Leader, its errors prefixed "election: op name:".
+func leader(ctx context.Context, l *dlock.Locker, op, name string) (LeaderInfo, error) {
 	if _, ok := l.Driver().(driver.Inspector); !ok {
-		return LeaderInfo{}, fmt.Errorf("election: leader %q: %w: the store (%T) cannot inspect a key's holder", name, dlock.ErrUnsupported, l.Driver())
+		return LeaderInfo{}, fmt.Errorf("election: %s %q: %w: the store (%T) cannot inspect a key's holder", op, name, dlock.ErrUnsupported, l.Driver())
 	}
 	info, err := l.Inspect(ctx, name)
 	switch {
 	case errors.Is(err, dlock.ErrNotAcquired):
-		return LeaderInfo{}, fmt.Errorf("election: leader %q: %w (%w)", name, ErrNoLeader, err)
+		return LeaderInfo{}, fmt.Errorf("election: %s %q: %w (%w)", op, name, ErrNoLeader, err)
 	case err != nil:
-		return LeaderInfo{}, fmt.Errorf("election: leader %q: %w", name, err)
+		return LeaderInfo{}, fmt.Errorf("election: %s %q: %w", op, name, err)
 	}
 	return LeaderInfo{Value: info.Holder, Term: info.Fence}, nil
 }

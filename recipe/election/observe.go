@@ -140,14 +140,11 @@ type observer struct {
 
 // read returns the current leader, the zero LeaderInfo when there is none.
 func (ob *observer) read(ctx context.Context) (LeaderInfo, error) {
-	cur, err := leader(ctx, ob.l, ob.name)
+	cur, err := leader(ctx, ob.l, "observe", ob.name)
 	if errors.Is(err, ErrNoLeader) {
 		return LeaderInfo{}, nil
 	}
-	if err != nil {
-		return LeaderInfo{}, fmt.Errorf("election: observe %q: %w", ob.name, err)
-	}
-	return cur, nil
+	return cur, err
 }
 
 // dlockErr classifies a driver error of WatchKey as the root package does
