@@ -28,7 +28,16 @@ CONSUL_COMMIT=192df66abfb08287f0c1f40d84c64f8a1cd961d2 # the v1.16.0 tag, as the
 cache="${DLOCK_TEST_CACHE:-$HOME/.cache/dlock-test}"
 bin="$cache/bin/consul-$CONSUL_VERSION"
 
-if [ -x "$bin" ] && "$bin" version 2>/dev/null | head -n 1 | grep -qx "Consul v$CONSUL_VERSION"; then
+# The first line of "consul version", read whole first: piping it into
+# head would let consul die of SIGPIPE writing its later lines, which
+# pipefail turns into a failed check (and a rebuild, and a failed run).
+version_line() {
+  local out
+  out="$("$1" version 2>/dev/null)" || return 1
+  printf '%s\n' "${out%%$'\n'*}"
+}
+
+if [ -x "$bin" ] && [ "$(version_line "$bin")" = "Consul v$CONSUL_VERSION" ]; then
   exit 0
 fi
 if ! command -v go >/dev/null 2>&1; then
@@ -53,4 +62,4 @@ echo "building consul v$CONSUL_VERSION into $bin (several minutes)"
     github.com/hashicorp/consul
 )
 mv "$bin.tmp" "$bin"
-"$bin" version | head -n 1
+version_line "$bin"
