@@ -14,9 +14,16 @@ import (
 // rejected by the fence.
 func run(t *testing.T, store, ledger string) Report {
 	t.Helper()
+	return runTTL(t, store, ledger, 300*time.Millisecond)
+}
+
+// runTTL is run with leases of ttl, and the paused worker stopped for
+// twice that.
+func runTTL(t *testing.T, store, ledger string, ttl time.Duration) Report {
+	t.Helper()
 	cfg := Config{
 		Store: store, Ledger: ledger, Merchants: 200, Workers: 8,
-		TTL: 300 * time.Millisecond, Date: "2026-09-30", PauseWorker: 3, Pause: 600 * time.Millisecond,
+		TTL: ttl, Date: "2026-09-30", PauseWorker: 3, Pause: 2 * ttl,
 	}
 	rep, err := Run(t.Context(), cfg)
 	if err != nil {
@@ -73,9 +80,13 @@ func TestSettlement_AzblobStoreSQLiteLedger(t *testing.T) {
 
 // TestSettlement_DynamoDBStoreSQLiteLedger runs on DynamoDB conditional
 // writes (the dynalite emulator): the paused worker's key is taken over by
-// a worker that has seen its record version unchanged for a lease.
+// a worker that has seen its record version unchanged for a lease. Leases
+// of 2 s: dynalite is one Node.js process, and under the race detector on
+// a loaded 2-core machine its acquisitions took longer than a 300 ms TTL,
+// so every grant arrived already past its validity and the run made no
+// progress (a grant is never trusted past sent + TTL − drift).
 func TestSettlement_DynamoDBStoreSQLiteLedger(t *testing.T) {
 	d := testservers.StartDynalite(t)
 	testservers.UseDynaliteEnv(t)
-	run(t, d.URL("settlement")+"&create_table=true", "sqlite:"+filepath.Join(t.TempDir(), "ledger.db"))
+	runTTL(t, d.URL("settlement")+"&create_table=true", "sqlite:"+filepath.Join(t.TempDir(), "ledger.db"), 2*time.Second)
 }
