@@ -106,7 +106,12 @@ func TestDlockd_RevokedTokenEndsTheLease(t *testing.T) {
 			if !errors.Is(cause, dlock.ErrLeaseLost) || !errors.Is(cause, dlock.ErrPermissionDenied) || !errors.Is(lease.Err(), dlock.ErrPermissionDenied) {
 				t.Fatalf("cause %v; want ErrLeaseLost and ErrPermissionDenied", cause)
 			}
+			// The observer hears of the end just after Done closes.
 			_, failed, lost := obs.counts()
+			for deadline := time.Now().Add(2 * time.Second); len(lost) == 0 && time.Now().Before(deadline); {
+				time.Sleep(10 * time.Millisecond)
+				_, failed, lost = obs.counts()
+			}
 			time.Sleep(500 * time.Millisecond) // five heartbeats
 			renewed2, failed2, _ := obs.counts()
 			if failed != 1 || failed2 != 1 || len(lost) != 1 || lost[0] != dlock.LostPermissionDenied {
