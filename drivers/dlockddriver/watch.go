@@ -203,18 +203,32 @@ func (d *Driver) recheckLost(ctx context.Context) {
 		grants = append(grants, held{k, e.fence})
 	}
 	d.mu.Unlock()
+	// A reconnection comes with leader changes, when a check may be
+	// answered "not the leader": ask again, for up to recheckBudget.
+	deadline := time.Now().Add(recheckBudget)
 	for _, g := range grants {
-		cctx, cancel := context.WithTimeout(ctx, probeTimeout)
-		cur, err := d.CheckFence(cctx, g.k.key, g.fence)
-		cancel()
-		switch {
-		case ctx.Err() != nil || errors.Is(err, driver.ErrPermissionDenied):
-			return
-		case err == nil && !cur:
-			d.markLost(g.k.key, g.k.owner, g.fence, reasonUnseen)
+		for delay := 50 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+			cctx, cancel := context.WithTimeout(ctx, probeTimeout)
+			cur, err := d.CheckFence(cctx, g.k.key, g.fence)
+			cancel()
+			if ctx.Err() != nil || errors.Is(err, driver.ErrPermissionDenied) {
+				return
+			}
+			if err == nil {
+				if !cur {
+					d.markLost(g.k.key, g.k.owner, g.fence, reasonUnseen)
+				}
+				break
+			}
+			if time.Now().Add(delay).After(deadline) || !sleepCtx(ctx, delay) {
+				break // left to the grant's renewals and validity deadline
+			}
 		}
 	}
 }
+
+// recheckBudget bounds how long recheckLost asks again after errors.
+const recheckBudget = 10 * time.Second
 
 // watchStream is one open Watch stream, read by its own goroutine.
 type watchStream struct {
