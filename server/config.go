@@ -231,14 +231,29 @@ type Config struct {
 	// MaxSessionStreams, MaxWaitStreams and MaxWatchStreams bound the open
 	// Session, Wait and Watch streams of this node; one more is answered
 	// RESOURCE_EXHAUSTED (TOO_MANY_STREAMS; limits "session_streams",
-	// "wait_streams", "watch_streams"). Defaults 10,000 each.
+	// "wait_streams", "watch_streams"). Defaults 4,096 each.
+	//
+	// A client process (the dlockd driver) keeps one Session and one Watch
+	// stream on the leader, so these defaults serve 4,096 client processes
+	// per cluster. Every open stream holds goroutines parked in grpc-go's
+	// frames for as long as it lives; measured on linux/amd64
+	// (TestLoad_ParkedStreamStacks, stack + live heap): a Watch stream
+	// about 8 + 3.6 KiB, a waiting Wait stream 12 + 5.6 KiB, an idle
+	// Session stream 15 to 20 + 9.4 KiB. The Go GC's heap goal counts
+	// stacks too, so under a burst of calls the process can reach about
+	// twice what its streams hold. With these defaults, every limit reached
+	// at once (4,096 Watch streams, 4,096 waiters on one key, a Session
+	// stream pipelining 300,000 calls) peaks under 300 MiB RSS
+	// (TestLoad_AbuseLeavesServerBoundedAndResponsive). Raise them with the
+	// memory to match: 1,000 more of each of the three hold about 55 MiB,
+	// up to twice that at a collection's peak.
 	MaxSessionStreams, MaxWaitStreams, MaxWatchStreams int
 	// MaxWaitingRequests bounds this node's acquisitions with wait in
 	// flight: Wait streams and Acquire with wait, over gRPC or HTTP. One
 	// more is answered RESOURCE_EXHAUSTED / 429 (TOO_MANY_WAITING_REQUESTS;
 	// limit "waiting_requests"). MaxWaiters bounds the lock table's queue
 	// entries; this bounds the requests (goroutines, streams) of this node.
-	// Default 10,000.
+	// Default 4,096 (see MaxSessionStreams for what each costs).
 	MaxWaitingRequests int
 	// MaxInflightPerStream bounds the calls of one Session stream that are
 	// running or whose answer is not sent yet. When it is reached the
@@ -326,10 +341,10 @@ func DefaultConfig() Config {
 		MaxConnections:          10000,
 		MaxConnectionsPerIP:     1000,
 		MaxStreamsPerConnection: 1024,
-		MaxSessionStreams:       10000,
-		MaxWaitStreams:          10000,
-		MaxWatchStreams:         10000,
-		MaxWaitingRequests:      10000,
+		MaxSessionStreams:       4096,
+		MaxWaitStreams:          4096,
+		MaxWatchStreams:         4096,
+		MaxWaitingRequests:      4096,
 		MaxInflightPerStream:    256,
 		MaxWatchBacklog:         1024,
 		HTTPBodyTimeout:         10 * time.Second,

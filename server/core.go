@@ -255,15 +255,59 @@ func (s *Server) validateAcquire(in *acquireIn) error {
 // or that the same owner waits for already, is refused from the leader's
 // state after a linearizable read: a refusal changes nothing and costs no
 // log entry and no disk write.
+//
+// With in.wait, the request's goroutine parks for the whole wait, which may
+// last hours, so it must keep a small stack: a goroutine's stack keeps the
+// size of its deepest call, and the proposal and grpc-go's send path (in
+// onQueued) doubled what a waiter cost, 16 KiB of stack where 8 KiB hold
+// the parked frames of a gRPC or HTTP handler. So beginAcquire and
+// onQueued run on a pooled worker whose stack is grown already
+// (callPool.do, which raises a panic of theirs again here), and the
+// request's goroutine parks in awaitGrant. TestLoad_ParkedStreamStacks
+// measures it.
 func (s *Server) acquire(ctx context.Context, in acquireIn, cancel <-chan struct{}, onQueued func(int)) (acquireOut, error) {
+	var q *queuedAcquire
+	var out acquireOut
+	var err error
+	begin := func() {
+		q, out, err = s.beginAcquire(ctx, in)
+		if err == nil && q != nil && onQueued != nil {
+			onQueued(q.position)
+		}
+	}
+	if in.wait {
+		s.calls.do(begin)
+	} else {
+		begin()
+	}
+	if err != nil || q == nil {
+		return out, err
+	}
+	return s.awaitGrant(ctx, q, cancel)
+}
+
+// queuedAcquire is an acquisition that beginAcquire queued: its wait entry
+// and the grant to fill in. awaitGrant waits for it and removes the entry.
+type queuedAcquire struct {
+	ko       keyOwner
+	w        *waitEntry
+	out      acquireOut
+	position int
+}
+
+// beginAcquire is the first part of acquire: it validates in, proposes the
+// acquisition and returns its answer, or, when the request was queued, a
+// queuedAcquire for awaitGrant (and a zero acquireOut).
+func (s *Server) beginAcquire(ctx context.Context, in acquireIn) (*queuedAcquire, acquireOut, error) {
+	callPanicHook("beginAcquire")
 	if err := s.validateAcquire(&in); err != nil {
-		return acquireOut{}, err
+		return nil, acquireOut{}, err
 	}
 	if err := s.writable(); err != nil {
-		return acquireOut{}, err
+		return nil, acquireOut{}, err
 	}
 	if err := s.checkLimit(&in); err != nil {
-		return acquireOut{}, err
+		return nil, acquireOut{}, err
 	}
 	if !in.wait && s.fsm.wouldRefuse(in.key, in.owner, in.shared, int(in.limit)) {
 		// The local table says no: confirm it linearizably (still the
@@ -271,11 +315,11 @@ func (s *Server) acquire(ctx context.Context, in acquireIn, cancel <-chan struct
 		// entry. A key that looks free goes straight to the log, which
 		// decides; so a try of a free key costs no extra round.
 		if err := s.readBarrier(); err != nil {
-			return acquireOut{}, err
+			return nil, acquireOut{}, err
 		}
 		if v, ok := s.fsm.peek(in.key, in.owner); ok && s.fsm.wouldRefuse(in.key, in.owner, in.shared, int(in.limit)) {
 			s.lockMetrics.contended.Inc()
-			return acquireOut{}, s.refusal(in.key, v)
+			return nil, acquireOut{}, s.refusal(in.key, v)
 		}
 	}
 	ko := keyOwner{in.key, in.owner}
@@ -283,56 +327,69 @@ func (s *Server) acquire(ctx context.Context, in acquireIn, cancel <-chan struct
 	if in.wait {
 		var ok bool
 		if w, ok = s.waits.add(ko); !ok {
-			return acquireOut{}, apiErr(codes.AlreadyExists, ReasonDuplicateWait, "acquire %q: owner is already waiting", in.key)
+			return nil, acquireOut{}, apiErr(codes.AlreadyExists, ReasonDuplicateWait, "acquire %q: owner is already waiting", in.key)
 		}
-		defer s.waits.remove(ko, w)
 	}
+	queued := false
+	defer func() {
+		if w != nil && !queued { // awaitGrant removes a queued request's entry
+			s.waits.remove(ko, w)
+		}
+	}()
 	r, err := s.propose(&command{
 		op: opAcquire, key: in.key, owner: in.owner, holder: in.holder, session: in.session,
 		ttl: in.ttl, lockDelay: in.lockDelay, wait: in.wait, shared: in.shared, limit: uint64(in.limit),
 		maxWaiters: uint64(s.cfg.MaxWaitersPerKey), maxLeases: uint64(s.cfg.MaxLeases), maxTotalWaiters: uint64(s.cfg.MaxWaiters),
 	})
 	if err != nil {
-		return acquireOut{}, err
+		return nil, acquireOut{}, err
 	}
 	out := acquireOut{key: in.key, owner: in.owner, ttl: in.ttl}
 	switch r.code {
 	case resGranted:
 		if ctx.Err() != nil { // nobody will hear of the grant: leave nothing behind
 			s.undo(ko)
-			return acquireOut{}, ctxErr(ctx)
+			return nil, acquireOut{}, ctxErr(ctx)
 		}
 		out.fence = r.fence
 		out.ttl = r.ttl
-		return out, nil
+		return nil, out, nil
 	case resHeld:
 		s.lockMetrics.contended.Inc()
-		return acquireOut{}, apiErr(codes.FailedPrecondition, ReasonLockHeld, "acquire %q: lock held", in.key)
+		return nil, acquireOut{}, apiErr(codes.FailedPrecondition, ReasonLockHeld, "acquire %q: lock held", in.key)
 	case resDelayed:
 		s.lockMetrics.contended.Inc()
-		return acquireOut{}, apiErr(codes.FailedPrecondition, ReasonLockHeld, "acquire %q: lock held (in its lock-delay after a lost grant)", in.key)
+		return nil, acquireOut{}, apiErr(codes.FailedPrecondition, ReasonLockHeld, "acquire %q: lock held (in its lock-delay after a lost grant)", in.key)
 	case resTooManyWaiters:
-		return acquireOut{}, apiErr(codes.ResourceExhausted, ReasonTooManyWaiters, "acquire %q: %d waiters already queued on the key", in.key, s.cfg.MaxWaitersPerKey)
+		return nil, acquireOut{}, apiErr(codes.ResourceExhausted, ReasonTooManyWaiters, "acquire %q: %d waiters already queued on the key", in.key, s.cfg.MaxWaitersPerKey)
 	case resTooManyQueued:
-		return acquireOut{}, apiErr(codes.ResourceExhausted, ReasonTooManyWaiters, "acquire %q: the server holds its maximum of %d queue entries", in.key, s.cfg.MaxWaiters)
+		return nil, acquireOut{}, apiErr(codes.ResourceExhausted, ReasonTooManyWaiters, "acquire %q: the server holds its maximum of %d queue entries", in.key, s.cfg.MaxWaiters)
 	case resTooManyLeases:
-		return acquireOut{}, apiErr(codes.ResourceExhausted, ReasonTooManyLeases, "acquire %q: server holds its maximum of %d leases", in.key, s.cfg.MaxLeases)
+		return nil, acquireOut{}, apiErr(codes.ResourceExhausted, ReasonTooManyLeases, "acquire %q: server holds its maximum of %d leases", in.key, s.cfg.MaxLeases)
 	case resBadLimit:
-		return acquireOut{}, apiErr(codes.InvalidArgument, ReasonLimitMismatch, "acquire %q: the key's shared grants have a permit limit of %s, not %s", in.key, limitText(r.limit), limitText(int(in.limit)))
+		return nil, acquireOut{}, apiErr(codes.InvalidArgument, ReasonLimitMismatch, "acquire %q: the key's shared grants have a permit limit of %s, not %s", in.key, limitText(r.limit), limitText(int(in.limit)))
 	case resQueued:
 		if w == nil { // cannot happen: a try of a queued owner is refused by the FSM
-			return acquireOut{}, apiErr(codes.Internal, ReasonInternal, "acquire %q: queued without waiting", in.key)
+			return nil, acquireOut{}, apiErr(codes.Internal, ReasonInternal, "acquire %q: queued without waiting", in.key)
 		}
 		s.lockMetrics.contended.Inc()
 	default:
-		return acquireOut{}, apiErr(codes.Internal, ReasonInternal, "acquire %q: unexpected result %d", in.key, r.code)
+		return nil, acquireOut{}, apiErr(codes.Internal, ReasonInternal, "acquire %q: unexpected result %d", in.key, r.code)
 	}
-	if onQueued != nil {
-		onQueued(r.position)
-	}
+	queued = true
+	return &queuedAcquire{ko: ko, w: w, out: out, position: r.position}, acquireOut{}, nil
+}
+
+// awaitGrant waits for the grant of q, queued by beginAcquire, until ctx,
+// cancel or shutdown, and removes its wait entry. Its frames are kept
+// small (see acquire); the clean-up after a wait that ended without a
+// grant runs deeper, once.
+func (s *Server) awaitGrant(ctx context.Context, q *queuedAcquire, cancel <-chan struct{}) (acquireOut, error) {
+	defer s.waits.remove(q.ko, q.w)
+	out := q.out
 	var why error
 	select {
-	case g := <-w.ch:
+	case g := <-q.w.ch:
 		if ctx.Err() == nil {
 			// The grant's TTL, not the request's: the queue entry may be
 			// an earlier request's, with another TTL.
@@ -345,25 +402,41 @@ func (s *Server) acquire(ctx context.Context, in acquireIn, cancel <-chan struct
 		why = ctxErr(ctx)
 	case <-cancel:
 		why = errWaitCancelled
-	case <-w.gone:
-		// A CancelWait from another call (POST /v1/cancel-wait, the
-		// driver's clean-up on another connection) or a purge removed the
-		// entry: no grant will come, and there is nothing to undo.
-		return acquireOut{}, apiErr(codes.Canceled, ReasonCancelled, "acquire %q: the queue entry was removed (cancel-wait) while this request waited", in.key)
+	case <-q.w.gone:
+		return acquireOut{}, s.waitEntryRemoved(q.ko.key)
 	case <-s.closing:
-		// The queue entry stays: the next leader (this node restarted, or
-		// another member) keeps it for its grace period, so the client
-		// that re-sends the same request (same key and owner token) there
-		// keeps its place. A client that does not is purged after it.
-		return acquireOut{}, apiErr(codes.Unavailable, ReasonShuttingDown,
-			"acquire %q: server shutting down; the queue entry keeps its place for its TTL: send the same request (same owner) to the next leader", in.key)
+		return acquireOut{}, s.shutdownWhileWaiting(q.ko.key)
 	}
+	return acquireOut{}, s.endWait(q.ko, why)
+}
+
+// waitEntryRemoved is the answer to a wait whose entry a CancelWait from
+// another call (POST /v1/cancel-wait, the driver's clean-up on another
+// connection) or a purge removed: no grant will come, and there is nothing
+// to undo.
+func (s *Server) waitEntryRemoved(key string) error {
+	return apiErr(codes.Canceled, ReasonCancelled, "acquire %q: the queue entry was removed (cancel-wait) while this request waited", key)
+}
+
+// shutdownWhileWaiting is the answer to a wait when the server shuts down.
+// The queue entry stays: the next leader (this node restarted, or another
+// member) keeps it for its grace period, so the client that re-sends the
+// same request (same key and owner token) there keeps its place. A client
+// that does not is purged after it.
+func (s *Server) shutdownWhileWaiting(key string) error {
+	return apiErr(codes.Unavailable, ReasonShuttingDown,
+		"acquire %q: server shutting down; the queue entry keeps its place for its TTL: send the same request (same owner) to the next leader", key)
+}
+
+// endWait removes the queue entry (or a grant that raced) of a wait that
+// ended for why, and returns why, or the error of the removal.
+func (s *Server) endWait(ko keyOwner, why error) error {
 	if err := s.undo(ko); err != nil {
 		// The entry may still be queued (this node lost its leadership):
 		// the answer must not say it was removed.
-		return acquireOut{}, err
+		return err
 	}
-	return acquireOut{}, why
+	return why
 }
 
 // refusal is the answer to a try that found key held by another owner, in a

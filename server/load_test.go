@@ -3,9 +3,12 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
-	"sort"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -48,46 +51,66 @@ func conns(t *testing.T, addr string, n int) []dlockv1.LockClient {
 // TestLoad_AbuseLeavesServerBoundedAndResponsive is the hardening issue's
 // load figure with all three loads at once: with every limit at its
 // default, a dlockd subprocess (fsync on) takes 20,000 Watch streams
-// attempted over 20 connections, 10,000 waiters on one key, and 300,000
-// pipelined renewals on one Session stream, while an unrelated client
-// acquires and releases its own key. It logs the server's RSS, heap, stacks
-// and goroutines per phase and the unrelated client's p50/p99.
+// attempted over 20 connections, 10,000 waiters on one key over 10
+// connections, and 300,000 pipelined renewals on one Session stream, while
+// an unrelated client acquires and releases its own key. It logs the
+// server's RSS, heap, stacks and goroutines per phase, and the unrelated
+// client's acquisition latency per phase.
 //
-// The issue's targets are 300 MiB and a p99 of 10 ms. Each load alone stays
-// under 300 MiB (TestLoad_Limits); all three at once peaked at 519 MiB with
-// a p99 of 36 ms on a quiet 2-core machine: 30,000 goroutines (a Watch
-// stream holds one, a waiting Wait stream two, in grpc-go's stream model)
-// cost about 200 MiB of stacks, and the garbage of 300,000 calls the GC
-// headroom. The assertions are what the limits guarantee — memory bounded
-// (600 MiB) and the server still answering (p99 under 100 ms) — so that a
-// regression to unbounded growth fails. Set DLOCKD_LOAD=1.
+// The defaults (Config.MaxWatchStreams, MaxWaitingRequests: 4,096) admit
+// 4,096 Watch streams and 4,096 waiters and refuse the rest with
+// RESOURCE_EXHAUSTED; the server's peak RSS must stay under the issue's
+// 300 MiB (about 230 MiB measured). With 10,000 of each admitted (the old
+// defaults) it peaked at 519 to 580 MiB: a parked stream holds 8 to 12 KiB
+// of goroutine stack (TestLoad_ParkedStreamStacks), and the Go GC's heap
+// goal counts stacks, so a burst of calls doubles what the streams hold.
+// The latency is logged, not asserted (a timed assertion on a shared
+// machine measures the machine); the server must go on answering.
+//
+// The server is a subprocess built without -race, so its memory is the
+// same under go test -race. DLOCKD_LOAD_ARGS adds dlockd flags (e.g.
+// "--max-watch-streams 10000" to measure other limits); DLOCKD_LOAD_DUMP
+// names a directory for the server's goroutine and heap profiles after
+// the waiters and the renewals, a CPU profile of the renewals and its
+// metrics after the loads.
 func TestLoad_AbuseLeavesServerBoundedAndResponsive(t *testing.T) {
-	if os.Getenv("DLOCKD_LOAD") == "" {
-		t.Skip("load figure: set DLOCKD_LOAD=1")
-	}
-	p := servertest.StartProcess(t)
+	p := servertest.StartProcess(t, append([]string{"--pprof"}, strings.Fields(os.Getenv("DLOCKD_LOAD_ARGS"))...)...)
 	pid := p.PID()
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	base := rssKiB(t, pid, "VmRSS")
 
-	// The unrelated client measures acquire+release round trips throughout.
+	// The unrelated client measures its acquisitions (and releases)
+	// throughout, each sample tagged with the phase it ran in.
 	probe := grpcClient(t, p.Addr())
-	var lat []time.Duration
+	var phase atomic.Int32
+	type sample struct {
+		phase            int32
+		acquire, release time.Duration
+	}
+	var samples []sample
 	var latMu sync.Mutex
 	probeDone := make(chan struct{})
 	go func() {
 		defer close(probeDone)
 		for i := 0; ctx.Err() == nil; i++ {
+			ph := phase.Load()
 			t0 := time.Now()
 			if _, err := probe.Acquire(ctx, &dlockv1.AcquireRequest{Key: "probe", Owner: "owner-probe-00", Ttl: durationpb.New(time.Minute)}); err != nil {
+				if ctx.Err() == nil {
+					t.Errorf("unrelated acquire: %v", err)
+				}
 				return
 			}
+			t1 := time.Now()
 			if _, err := probe.Release(ctx, &dlockv1.ReleaseRequest{Key: "probe", Owner: "owner-probe-00"}); err != nil {
+				if ctx.Err() == nil {
+					t.Errorf("unrelated release: %v", err)
+				}
 				return
 			}
 			latMu.Lock()
-			lat = append(lat, time.Since(t0))
+			samples = append(samples, sample{ph, t1.Sub(t0), time.Since(t1)})
 			latMu.Unlock()
 			time.Sleep(5 * time.Millisecond)
 		}
@@ -124,6 +147,7 @@ func TestLoad_AbuseLeavesServerBoundedAndResponsive(t *testing.T) {
 	t.Logf("watch streams: %d open, %d refused or timed out; server RSS %d MiB, %s", opened.Load(), refused.Load(), rssKiB(t, pid, "VmRSS")>>10, heap(t, p.Addr()))
 
 	// 10,000 waiters on one key, over 10 connections.
+	phase.Store(1)
 	if _, err := probe.Acquire(ctx, &dlockv1.AcquireRequest{Key: "hot", Owner: "owner-hot-000", Ttl: durationpb.New(time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
@@ -149,10 +173,22 @@ func TestLoad_AbuseLeavesServerBoundedAndResponsive(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	dumpProf(t, p.Addr(), "after-waiters")
 	t.Logf("waiters on one key: %d queued, %d refused; server RSS %d MiB, %s", queued.Load(), qrefused.Load(), rssKiB(t, pid, "VmRSS")>>10, heap(t, p.Addr()))
 
 	// 300,000 pipelined renewals on one Session stream, replies read
 	// concurrently.
+	phase.Store(2)
+	if dir := os.Getenv("DLOCKD_LOAD_DUMP"); dir != "" {
+		go func() {
+			resp, err := http.Get("http://" + p.Addr() + "/debug/pprof/profile?seconds=2")
+			if err == nil {
+				b, _ := io.ReadAll(resp.Body)
+				_ = resp.Body.Close()
+				_ = os.WriteFile(dir+"/renewals-cpu", b, 0o644)
+			}
+		}()
+	}
 	sess, err := grpcClient(t, p.Addr()).Session(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -176,27 +212,195 @@ func TestLoad_AbuseLeavesServerBoundedAndResponsive(t *testing.T) {
 		}
 	}
 	got := <-replies
+	dumpProf(t, p.Addr(), "after-renewals")
 	t.Logf("pipelined renewals: %d of %d answered; server RSS %d MiB, %s", got, calls, rssKiB(t, pid, "VmRSS")>>10, heap(t, p.Addr()))
 	if got != calls {
 		t.Fatalf("%d of %d pipelined calls answered", got, calls)
 	}
 
+	if dir := os.Getenv("DLOCKD_LOAD_DUMP"); dir != "" {
+		_ = os.WriteFile(dir+"/metrics-after-load", []byte(metricsText(t, p.Addr())), 0o644)
+	}
+	phase.Store(3) // the loads stay open, idle
+	time.Sleep(2 * time.Second)
 	cancel()
 	<-probeDone
 	hwm := rssKiB(t, pid, "VmHWM")
 	latMu.Lock()
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	n := len(lat)
-	latMu.Unlock()
-	if n < 20 {
-		t.Fatalf("only %d probe round trips completed", n)
+	defer latMu.Unlock()
+	for ph := range int32(4) {
+		n := 0
+		for _, s := range samples {
+			if s.phase == ph {
+				n++
+			}
+		}
+		if n == 0 {
+			t.Fatalf("the unrelated client completed no acquire+release in phase %d", ph)
+		}
 	}
-	p50, p99 := lat[n/2], lat[n*99/100]
-	t.Logf("server RSS: %d MiB at start, peak %d MiB; unrelated acquire+release: %d round trips, p50 %v, p99 %v", base>>10, hwm>>10, n, p50, p99)
-	if hwm > 600<<10 {
-		t.Errorf("server peak RSS %d MiB > 600 MiB", hwm>>10)
+	pct := func(ph int32, f func(sample) time.Duration) string {
+		var d []time.Duration
+		for _, s := range samples {
+			if ph < 0 || s.phase == ph {
+				d = append(d, f(s))
+			}
+		}
+		if len(d) == 0 {
+			return "no samples"
+		}
+		slices.Sort(d)
+		return fmt.Sprintf("%d samples, p50 %v, p99 %v, max %v", len(d), d[len(d)/2].Round(10*time.Microsecond), d[len(d)*99/100].Round(10*time.Microsecond), d[len(d)-1].Round(10*time.Microsecond))
 	}
-	if p99 > 100*time.Millisecond {
-		t.Errorf("unrelated client's p99 %v under load", p99)
+	acq := func(s sample) time.Duration { return s.acquire }
+	for ph, name := range []string{"watch streams opening", "waiters queueing", "pipelined renewals", "loads open, idle"} {
+		t.Logf("unrelated acquire during %s: %s", name, pct(int32(ph), acq))
+	}
+	t.Logf("unrelated release, whole run: %s", pct(-1, func(s sample) time.Duration { return s.release }))
+	var all []time.Duration
+	for _, s := range samples {
+		if s.phase < 3 {
+			all = append(all, s.acquire)
+		}
+	}
+	slices.Sort(all)
+	p99 := all[len(all)*99/100]
+	t.Logf("server RSS: %d MiB at start, peak %d MiB; unrelated acquire p99 under the loads %v", base>>10, hwm>>10, p99)
+	if hwm > 300<<10 && os.Getenv("DLOCKD_LOAD_ARGS") == "" {
+		t.Errorf("server peak RSS %d MiB > 300 MiB with the default limits", hwm>>10)
+	}
+}
+
+// TestLoad_ParkedStreamStacks measures what a parked stream costs a dlockd
+// process in goroutine stacks: 1,000 Watch streams, 1,000 Wait streams
+// queued on a held key, 1,000 unary Acquire calls with wait, 1,000 idle
+// Session streams. A goroutine's stack keeps the size of its deepest call,
+// and a waiting request's goroutines are parked for as long as the wait
+// lasts: a Wait stream's request goroutine used to run the proposal and
+// grpc-go's send path itself and kept 16 KiB of stack (20 KiB a waiter with
+// the goroutine that reads its stream); it parks on 8 KiB now, the deep
+// part run on a pooled worker (Server.acquire). The bounds are those sizes
+// plus slack: a Watch stream at most 10 KiB, a Wait stream at most 14 KiB.
+// The unary Acquire with wait (about 16 KiB: the parked frames of grpc-go's
+// unary path and the six interceptors need more than the 7 KiB an 8 KiB
+// stack leaves) and the idle Session stream (three goroutines, 15 to 20
+// KiB) are logged, not bounded.
+func TestLoad_ParkedStreamStacks(t *testing.T) {
+	p := servertest.StartProcess(t, "--pprof")
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var heaps []float64 // the live heap after each stacks()
+	stacks := func() float64 {
+		// Two collections first: the stacks of goroutines that ended (the
+		// workers a burst of calls started) stay cached with them until a
+		// collection frees them, and are counted in use until then.
+		for range 2 {
+			resp, err := http.Get("http://" + p.Addr() + "/debug/pprof/heap?gc=1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+		}
+		v, err := strconv.ParseFloat(metric(t, p.Addr(), "go_memstats_stack_inuse_bytes"), 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := strconv.ParseFloat(metric(t, p.Addr(), "go_memstats_heap_alloc_bytes"), 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		heaps = append(heaps, h)
+		return v
+	}
+	const n = 1000
+	base := stacks()
+	c := dlockv1.NewLockClient(loadDial(t, p.Addr()))
+	for i := range n {
+		w, err := c.Watch(ctx, &dlockv1.WatchRequest{Session: fmt.Sprintf("session-%08d", i)})
+		if err == nil {
+			_, err = w.Recv()
+		}
+		if err != nil {
+			t.Fatalf("watch %d: %v", i, err)
+		}
+	}
+	watched := stacks()
+	holder := grpcClient(t, p.Addr())
+	if _, err := holder.Acquire(ctx, &dlockv1.AcquireRequest{Key: "hot", Owner: "owner-hot-000", Ttl: durationpb.New(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	wc := dlockv1.NewLockClient(loadDial(t, p.Addr()))
+	for i := range n {
+		s, err := wc.Wait(ctx)
+		if err == nil {
+			err = s.Send(&dlockv1.AcquireRequest{Key: "hot", Owner: fmt.Sprintf("owner-w-%05d", i), Ttl: durationpb.New(time.Minute)})
+		}
+		if err == nil {
+			var ev *dlockv1.WaitEvent
+			ev, err = s.Recv()
+			if err == nil && ev.GetType() != dlockv1.WaitEvent_QUEUED {
+				err = fmt.Errorf("event %v, want QUEUED", ev)
+			}
+		}
+		if err != nil {
+			t.Fatalf("waiter %d: %v", i, err)
+		}
+	}
+	waited := stacks()
+	// Acquire with wait (unary): no goroutine reads a unary call's stream.
+	uc := dlockv1.NewLockClient(loadDial(t, p.Addr()))
+	for i := range n {
+		go func() {
+			_, _ = uc.Acquire(ctx, &dlockv1.AcquireRequest{Key: "hot", Owner: fmt.Sprintf("owner-u-%05d", i), Ttl: durationpb.New(time.Minute), Wait: true})
+		}()
+	}
+	waitFor(t, func() bool { return metric(t, p.Addr(), `dlockd_waiters`) == strconv.Itoa(2*n) })
+	unary := stacks()
+	sc := dlockv1.NewLockClient(loadDial(t, p.Addr()))
+	for i := range n {
+		s, err := sc.Session(ctx)
+		if err == nil {
+			err = s.Send(&dlockv1.SessionRequest{Id: 1, Call: &dlockv1.SessionRequest_Renew{Renew: &dlockv1.RenewRequest{Items: []*dlockv1.RenewItem{{Key: "hot", Owner: "owner-hot-000"}}}}})
+		}
+		if err == nil {
+			_, err = s.Recv()
+		}
+		if err != nil {
+			t.Fatalf("session %d: %v", i, err)
+		}
+	}
+	sessions := stacks()
+	perWatch, perWaiter, perUnary, perSession := (watched-base)/n, (waited-watched)/n, (unary-waited)/n, (sessions-unary)/n
+	t.Logf("stack per parked stream: Watch %.1f KiB, Wait stream %.1f KiB, unary Acquire with wait %.1f KiB, idle Session %.1f KiB", perWatch/1024, perWaiter/1024, perUnary/1024, perSession/1024)
+	t.Logf("live heap per parked stream: Watch %.1f KiB, Wait stream %.1f KiB, unary Acquire with wait %.1f KiB, idle Session %.1f KiB",
+		(heaps[1]-heaps[0])/n/1024, (heaps[2]-heaps[1])/n/1024, (heaps[3]-heaps[2])/n/1024, (heaps[4]-heaps[3])/n/1024)
+	if perWatch > 10<<10 {
+		t.Errorf("a parked Watch stream costs %.1f KiB of stack, want at most 10 KiB", perWatch/1024)
+	}
+	if perWaiter > 14<<10 {
+		t.Errorf("a parked Wait stream costs %.1f KiB of stack, want at most 14 KiB", perWaiter/1024)
+	}
+
+}
+
+// dumpProf writes the server's goroutine and heap profiles into the
+// directory DLOCKD_LOAD_DUMP names, if any, as name-goroutine_debug1,
+// name-heap (pprof) and name-heap_debug1.
+func dumpProf(t *testing.T, addr, name string) {
+	dir := os.Getenv("DLOCKD_LOAD_DUMP")
+	if dir == "" {
+		return
+	}
+	for _, q := range []string{"goroutine?debug=1", "heap", "heap?debug=1"} {
+		resp, err := http.Get("http://" + addr + "/debug/pprof/" + q)
+		if err != nil {
+			t.Log(err)
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		fn := strings.NewReplacer("?", "_", "=", "").Replace(q)
+		_ = os.WriteFile(dir+"/"+name+"-"+fn, b, 0o644)
 	}
 }

@@ -188,3 +188,45 @@ func TestRecover_HandlerPanics(t *testing.T) {
 		t.Fatalf("inspect after the panics: %d", hresp.StatusCode)
 	}
 }
+
+// TestRecover_WaitWorkerPanics: the first part of a Wait stream's
+// acquisition runs on a pooled worker (api.go, callPool.do); a panic there
+// is raised again in the stream's goroutine, so the stream is answered
+// INTERNAL, the log line carries the worker's stack, and the server (and
+// the key) go on serving.
+func TestRecover_WaitWorkerPanics(t *testing.T) {
+	cfg, logs := internalConfig(t)
+	s := startInternal(t, cfg)
+	c := internalClient(t, s.Addr())
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	setPanicHook(t, "beginAcquire")
+
+	w, err := c.Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Send(&dlockv1.AcquireRequest{Key: "k", Ttl: durationpb.New(time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Recv(); status.Code(err) != codes.Internal {
+		t.Fatalf("wait: %v, want INTERNAL", err)
+	}
+	out := logs.String()
+	if !strings.Contains(out, "level=ERROR") || !strings.Contains(out, "beginAcquire") || !strings.Contains(out, "callPool") {
+		t.Errorf("the panic's log line lacks the worker's stack:\n%s", out)
+	}
+
+	panicHook.Store(nil)
+	w, err = c.Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Send(&dlockv1.AcquireRequest{Key: "k", Ttl: durationpb.New(time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	ev, err := w.Recv()
+	if err != nil || ev.GetType() != dlockv1.WaitEvent_GRANTED || ev.GetGrant().GetFence() == 0 {
+		t.Fatalf("wait after the panic: %v %v, want GRANTED", ev, err)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -55,6 +56,37 @@ func (p *callPool) run(f func()) {
 	default:
 		go f()
 	}
+}
+
+// do runs f as run does and returns when f has returned: a caller whose
+// goroutine will then park for long (a waiting request) runs its deep calls
+// on a worker's grown stack and keeps its own small. A panic of f is
+// raised again in the caller's goroutine, as a workerPanic carrying f's
+// stack, so that the caller's recovery (recover.go) answers and logs it.
+func (p *callPool) do(f func()) {
+	done := make(chan struct{})
+	var wp *workerPanic
+	p.run(func() {
+		defer close(done)
+		defer func() {
+			if v := recover(); v != nil {
+				wp = &workerPanic{value: v, stack: debug.Stack()}
+			}
+		}()
+		f()
+	})
+	<-done
+	if wp != nil {
+		panic(wp)
+	}
+}
+
+// workerPanic is a panic of a function that callPool.do ran on a worker,
+// raised again in do's caller, with the stack of the worker where it
+// happened.
+type workerPanic struct {
+	value any
+	stack []byte
 }
 
 // sessionStream is the state of one Session stream.
