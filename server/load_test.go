@@ -1,11 +1,15 @@
 package server_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -81,42 +85,16 @@ func TestLoad_AbuseLeavesServerBoundedAndResponsive(t *testing.T) {
 	base := rssKiB(t, pid, "VmRSS")
 
 	// The unrelated client measures its acquisitions (and releases)
-	// throughout, each sample tagged with the phase it ran in.
-	probe := grpcClient(t, p.Addr())
-	var phase atomic.Int32
-	type sample struct {
-		phase            int32
-		acquire, release time.Duration
-	}
-	var samples []sample
-	var latMu sync.Mutex
-	probeDone := make(chan struct{})
-	go func() {
-		defer close(probeDone)
-		for i := 0; ctx.Err() == nil; i++ {
-			ph := phase.Load()
-			t0 := time.Now()
-			if _, err := probe.Acquire(ctx, &dlockv1.AcquireRequest{Key: "probe", Owner: "owner-probe-00", Ttl: durationpb.New(time.Minute)}); err != nil {
-				if ctx.Err() == nil {
-					t.Errorf("unrelated acquire: %v", err)
-				}
-				return
-			}
-			t1 := time.Now()
-			if _, err := probe.Release(ctx, &dlockv1.ReleaseRequest{Key: "probe", Owner: "owner-probe-00"}); err != nil {
-				if ctx.Err() == nil {
-					t.Errorf("unrelated release: %v", err)
-				}
-				return
-			}
-			latMu.Lock()
-			samples = append(samples, sample{ph, t1.Sub(t0), time.Since(t1)})
-			latMu.Unlock()
-			time.Sleep(5 * time.Millisecond)
-		}
-	}()
+	// throughout, from a process of its own (this test binary run again,
+	// see runProbe), so that it shares the machine with the load but not
+	// the load generator's Go scheduler. Each phase's start is noted on
+	// the wall clock the probe's samples are stamped with.
+	probe := startProbe(t, p.Addr())
+	phaseStart := []time.Time{time.Now()}
+	nextPhase := func() { phaseStart = append(phaseStart, time.Now()) }
 
 	// 20,000 Watch streams over 20 connections.
+	cpuProfile(p.Addr(), "watch-streams-cpu")
 	var opened, refused atomic.Int64
 	var wg sync.WaitGroup
 	for _, c := range conns(t, p.Addr(), 20) {
@@ -147,8 +125,8 @@ func TestLoad_AbuseLeavesServerBoundedAndResponsive(t *testing.T) {
 	t.Logf("watch streams: %d open, %d refused or timed out; server RSS %d MiB, %s", opened.Load(), refused.Load(), rssKiB(t, pid, "VmRSS")>>10, heap(t, p.Addr()))
 
 	// 10,000 waiters on one key, over 10 connections.
-	phase.Store(1)
-	if _, err := probe.Acquire(ctx, &dlockv1.AcquireRequest{Key: "hot", Owner: "owner-hot-000", Ttl: durationpb.New(time.Hour)}); err != nil {
+	nextPhase()
+	if _, err := grpcClient(t, p.Addr()).Acquire(ctx, &dlockv1.AcquireRequest{Key: "hot", Owner: "owner-hot-000", Ttl: durationpb.New(time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
 	var queued, qrefused atomic.Int64
@@ -178,17 +156,8 @@ func TestLoad_AbuseLeavesServerBoundedAndResponsive(t *testing.T) {
 
 	// 300,000 pipelined renewals on one Session stream, replies read
 	// concurrently.
-	phase.Store(2)
-	if dir := os.Getenv("DLOCKD_LOAD_DUMP"); dir != "" {
-		go func() {
-			resp, err := http.Get("http://" + p.Addr() + "/debug/pprof/profile?seconds=2")
-			if err == nil {
-				b, _ := io.ReadAll(resp.Body)
-				_ = resp.Body.Close()
-				_ = os.WriteFile(dir+"/renewals-cpu", b, 0o644)
-			}
-		}()
-	}
+	nextPhase()
+	cpuProfile(p.Addr(), "renewals-cpu")
 	sess, err := grpcClient(t, p.Addr()).Session(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -221,54 +190,166 @@ func TestLoad_AbuseLeavesServerBoundedAndResponsive(t *testing.T) {
 	if dir := os.Getenv("DLOCKD_LOAD_DUMP"); dir != "" {
 		_ = os.WriteFile(dir+"/metrics-after-load", []byte(metricsText(t, p.Addr())), 0o644)
 	}
-	phase.Store(3) // the loads stay open, idle
+	nextPhase() // the loads stay open, idle
 	time.Sleep(2 * time.Second)
+	nextPhase()
+	samples := probe.stop(t)
 	cancel()
-	<-probeDone
 	hwm := rssKiB(t, pid, "VmHWM")
-	latMu.Lock()
-	defer latMu.Unlock()
-	for ph := range int32(4) {
-		n := 0
-		for _, s := range samples {
-			if s.phase == ph {
-				n++
+	phaseOf := func(s probeSample) int {
+		for ph := len(phaseStart) - 2; ph >= 0; ph-- {
+			if !s.start.Before(phaseStart[ph]) {
+				return ph
 			}
 		}
-		if n == 0 {
-			t.Fatalf("the unrelated client completed no acquire+release in phase %d", ph)
-		}
+		return -1
 	}
-	pct := func(ph int32, f func(sample) time.Duration) string {
+	pct := func(keep func(probeSample) bool, f func(probeSample) time.Duration) (string, time.Duration) {
 		var d []time.Duration
 		for _, s := range samples {
-			if ph < 0 || s.phase == ph {
+			if keep(s) {
 				d = append(d, f(s))
 			}
 		}
 		if len(d) == 0 {
-			return "no samples"
+			t.Errorf("the unrelated client completed no acquire+release in a phase")
+			return "no samples", 0
 		}
 		slices.Sort(d)
-		return fmt.Sprintf("%d samples, p50 %v, p99 %v, max %v", len(d), d[len(d)/2].Round(10*time.Microsecond), d[len(d)*99/100].Round(10*time.Microsecond), d[len(d)-1].Round(10*time.Microsecond))
+		p99 := d[len(d)*99/100]
+		return fmt.Sprintf("%d samples, p50 %v, p99 %v, max %v", len(d), d[len(d)/2].Round(10*time.Microsecond), p99.Round(10*time.Microsecond), d[len(d)-1].Round(10*time.Microsecond)), p99
 	}
-	acq := func(s sample) time.Duration { return s.acquire }
+	acq := func(s probeSample) time.Duration { return s.acquire }
 	for ph, name := range []string{"watch streams opening", "waiters queueing", "pipelined renewals", "loads open, idle"} {
-		t.Logf("unrelated acquire during %s: %s", name, pct(int32(ph), acq))
+		figure, _ := pct(func(s probeSample) bool { return phaseOf(s) == ph }, acq)
+		t.Logf("unrelated acquire during %s: %s", name, figure)
 	}
-	t.Logf("unrelated release, whole run: %s", pct(-1, func(s sample) time.Duration { return s.release }))
-	var all []time.Duration
-	for _, s := range samples {
-		if s.phase < 3 {
-			all = append(all, s.acquire)
-		}
-	}
-	slices.Sort(all)
-	p99 := all[len(all)*99/100]
+	underLoad, p99 := pct(func(s probeSample) bool { ph := phaseOf(s); return ph >= 0 && ph < 3 }, acq)
+	release, _ := pct(func(s probeSample) bool { return phaseOf(s) >= 0 }, func(s probeSample) time.Duration { return s.release })
+	t.Logf("unrelated acquire under the three loads: %s; its release, whole run: %s", underLoad, release)
 	t.Logf("server RSS: %d MiB at start, peak %d MiB; unrelated acquire p99 under the loads %v", base>>10, hwm>>10, p99)
 	if hwm > 300<<10 && os.Getenv("DLOCKD_LOAD_ARGS") == "" {
 		t.Errorf("server peak RSS %d MiB > 300 MiB with the default limits", hwm>>10)
 	}
+}
+
+// probeAddrEnv, set to a dlockd address, makes this test binary the
+// unrelated client of TestLoad_AbuseLeavesServerBoundedAndResponsive
+// (TestMain calls runProbe).
+const probeAddrEnv = "DLOCKD_LOAD_PROBE_ADDR"
+
+// probeSample is one acquire+release of the probe: when the acquisition
+// was sent (wall clock), and how long each call took.
+type probeSample struct {
+	start            time.Time
+	acquire, release time.Duration
+}
+
+// runProbe acquires and releases a key of its own at addr in a loop, 5 ms
+// apart, and writes a line per round trip to stdout: the acquisition's
+// send time in Unix nanoseconds, then each call's duration in
+// nanoseconds. It stops when stdin closes (or after 10 minutes), and
+// returns the exit code: 1 after a failed call, which it writes as a line
+// "error: ...".
+func runProbe(addr string) int {
+	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		fmt.Println("error:", err)
+		return 1
+	}
+	defer cc.Close()
+	c := dlockv1.NewLockClient(cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	go func() { // stdin closes: stop
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		cancel()
+	}()
+	out := bufio.NewWriter(os.Stdout)
+	defer out.Flush()
+	for ctx.Err() == nil {
+		t0 := time.Now()
+		if _, err := c.Acquire(ctx, &dlockv1.AcquireRequest{Key: "probe", Owner: "owner-probe-00", Ttl: durationpb.New(time.Minute)}); err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			fmt.Fprintln(out, "error: acquire:", err)
+			return 1
+		}
+		t1 := time.Now()
+		if _, err := c.Release(ctx, &dlockv1.ReleaseRequest{Key: "probe", Owner: "owner-probe-00"}); err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			fmt.Fprintln(out, "error: release:", err)
+			return 1
+		}
+		fmt.Fprintln(out, t0.UnixNano(), t1.Sub(t0).Nanoseconds(), time.Since(t1).Nanoseconds())
+		time.Sleep(5 * time.Millisecond)
+	}
+	return 0
+}
+
+// probeProc is a running runProbe process.
+type probeProc struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   chan []probeSample // the samples, once stdout closed
+	errs  chan string        // the "error:" lines
+}
+
+// startProbe starts runProbe against addr in a process of its own.
+func startProbe(t *testing.T, addr string) *probeProc {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), probeAddrEnv+"="+addr)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pp := &probeProc{cmd: cmd, stdin: stdin, out: make(chan []probeSample, 1), errs: make(chan string, 16)}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	go func() {
+		var samples []probeSample
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			var ns, acq, rel int64
+			if _, err := fmt.Sscan(sc.Text(), &ns, &acq, &rel); err != nil {
+				select {
+				case pp.errs <- sc.Text():
+				default:
+				}
+				continue
+			}
+			samples = append(samples, probeSample{time.Unix(0, ns), time.Duration(acq), time.Duration(rel)})
+		}
+		pp.out <- samples
+	}()
+	return pp
+}
+
+// stop ends the probe and returns its samples; a failed call of the probe
+// fails the test.
+func (pp *probeProc) stop(t *testing.T) []probeSample {
+	t.Helper()
+	_ = pp.stdin.Close()
+	samples := <-pp.out
+	if err := pp.cmd.Wait(); err != nil {
+		t.Errorf("the unrelated client: %v", err)
+	}
+	close(pp.errs)
+	for line := range pp.errs {
+		t.Errorf("the unrelated client: %s", line)
+	}
+	return samples
 }
 
 // TestLoad_ParkedStreamStacks measures what a parked stream costs a dlockd
@@ -382,6 +463,23 @@ func TestLoad_ParkedStreamStacks(t *testing.T) {
 		t.Errorf("a parked Wait stream costs %.1f KiB of stack, want at most 14 KiB", perWaiter/1024)
 	}
 
+}
+
+// cpuProfile writes a 1 s CPU profile of the server, from now, into the
+// directory DLOCKD_LOAD_DUMP names, if any, as name.
+func cpuProfile(addr, name string) {
+	dir := os.Getenv("DLOCKD_LOAD_DUMP")
+	if dir == "" {
+		return
+	}
+	go func() {
+		resp, err := http.Get("http://" + addr + "/debug/pprof/profile?seconds=1")
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			_ = os.WriteFile(dir+"/"+name, b, 0o644)
+		}
+	}()
 }
 
 // dumpProf writes the server's goroutine and heap profiles into the

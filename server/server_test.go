@@ -28,6 +28,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if addr := os.Getenv(probeAddrEnv); addr != "" {
+		os.Exit(runProbe(addr)) // the unrelated client of the load test, in a process of its own
+	}
 	code := m.Run()
 	servertest.Cleanup()
 	if code == 0 {
