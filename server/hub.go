@@ -115,7 +115,10 @@ type sessionHub struct {
 }
 
 // subscribe registers a Watch stream of session that queues at most
-// backlog unread events, and watches keys.
+// backlog unread events, and watches keys. The stream hears of the losses
+// this node applies from now on, and members apply the log at different
+// times: a client that moves its stream to another member must check its
+// grants once the new stream is up (the dlockd driver's recheckLost).
 func (h *sessionHub) subscribe(session string, backlog int, keys ...string) *subscriber {
 	sub := &subscriber{wake: make(chan struct{}, 1), max: backlog, keys: keys}
 	h.mu.Lock()

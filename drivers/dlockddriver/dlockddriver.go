@@ -94,8 +94,11 @@
 //     the server ends a grant made by this Driver without a release
 //     (expired, force-released, or handed over and not claimed), Grant.Lost
 //     closes at once, and the reason is kept for the error of a later Renew
-//     or Release of that grant. While the stream is down, loss is found by
-//     renewals and the validity deadline instead.
+//     or Release of that grant. A loss that reached no stream (applied
+//     while the stream reconnected, or moved to a new leader: members
+//     apply the log at different times) is found by a fence check of the
+//     live grants after each stream opens; past that, by renewals and the
+//     validity deadline.
 //
 // TryAcquire, Release and Renew travel on one Session stream per Driver,
 // open on the leader and shared by all its calls (one message each way per
@@ -317,6 +320,9 @@ type Driver struct {
 	lost        map[grantKey]lostEntry // Lost channels of live grants
 	reasons     map[grantKey]string    // the server's reasons of recent losses
 	reasonOrder []grantKey             // reasons' keys, oldest first
+	// rechecking: a fence check of the live grants runs; recheckAgain: a
+	// Watch stream opened during it, so one more follows (startRecheck).
+	rechecking, recheckAgain bool
 
 	watchCtx    context.Context
 	watchCancel context.CancelFunc
@@ -688,9 +694,10 @@ func (d *Driver) leaseLost(key, owner string) error {
 // after the client's and a new leader restarts it), and a force release is
 // pushed on the Watch stream; so within validity, "not held" after an
 // ambiguous attempt means that attempt took effect. The one miss is a force
-// release whose push was lost while the Watch stream was reconnecting,
-// reported as released. A release answered LEASE_LOST at its first attempt
-// is always driver.ErrLeaseLost.
+// release whose push was lost while the Watch stream was reconnecting or
+// moving, and not yet found by the fence check that follows, reported as
+// released. A release answered LEASE_LOST at its first attempt is always
+// driver.ErrLeaseLost.
 func (d *Driver) Release(ctx context.Context, key, owner string) error {
 	if d.isClosed() {
 		return driver.ErrClosed

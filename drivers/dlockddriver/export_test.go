@@ -9,3 +9,14 @@ func SetWatchReopenHook(f func()) (restore func()) {
 	watchReopenHook = f
 	return func() { watchReopenHook = old }
 }
+
+// SetWatchMoveHook makes every Driver call f with its session and the
+// member's address before each attempt to move its open Watch stream to
+// another member (the belief on the leader moved), until restore is
+// called. Set it before opening the Drivers it is meant for, and restore
+// it after they are closed.
+func SetWatchMoveHook(f func(session, addr string)) (restore func()) {
+	old := watchMoveHook
+	watchMoveHook = f
+	return func() { watchMoveHook = old }
+}

@@ -62,11 +62,14 @@ func (d *Driver) markLost(key, owner string, fence uint64, reason string) {
 	defer d.mu.Unlock()
 	k := grantKey{key, owner}
 	e, ok := d.lost[k]
-	if ok && (fence == 0 || e.fence == fence) {
+	closed := ok && (fence == 0 || e.fence == fence)
+	if closed {
 		close(e.ch)
 		delete(d.lost, k)
 	}
-	if reason == "" {
+	if reason == "" || (reason == reasonUnseen && !closed) {
+		// A fence check that closed nothing (the loss was pushed
+		// meanwhile) keeps the server's own reason.
 		return
 	}
 	if _, seen := d.reasons[k]; !seen {
@@ -95,7 +98,7 @@ func (d *Driver) lossReason(key, owner string) string {
 	case "UNCLAIMED":
 		return "it was handed over but not claimed within the claim window"
 	case reasonUnseen:
-		return "it ended while the driver's Watch stream was reconnecting (found by a fence check after the reconnection)"
+		return "it ended while the driver's Watch stream was reconnecting or moving to another member (found by a fence check after the stream reopened)"
 	}
 	return "server reason " + r
 }
@@ -104,15 +107,26 @@ func (d *Driver) lossReason(key, owner string) string {
 // the Lost channel of each grant the server reports lost. Any member serves
 // Watch (losses are applied from the log on every node); the loop prefers
 // the believed leader: it opens the stream there, moves it when the belief
-// moves (opening the new stream before it closes the old, so that no loss
-// falls between), and after a break reconnects to the leader, or to the
-// next member when the leader cannot be reached. A loss applied while no
-// stream was open (between a break and the reconnection: a killed leader's
-// force release or expiry, applied by its successor before this Driver
-// reattached, or a grant's loss before the first stream was up) is pushed
-// to no one, so every stream opened other than by a planned move is
-// followed by a fence check of the grants still believed live
-// (recheckLost; nothing to check, and no call, when there are none).
+// moves (opening the new stream before it closes the old), and after a
+// break reconnects to the leader, or to the next member when the leader
+// cannot be reached.
+//
+// A stream hears only of the losses its member applies after the stream
+// subscribed there, and members apply the log at different times. So a
+// loss can reach no stream: applied while no stream was open (between a
+// break and the reconnection: a killed leader's successor force-releasing
+// or expiring a grant before this Driver reattached; or before the first
+// stream was up), and on a planned move too, overlap or not: the new
+// member (a new leader, ahead in the log) may apply a loss before the new
+// stream subscribed, while the old member (a follower now, behind) applies
+// it only after the old stream closed. Every stream opened, the first, one
+// after a break and one after a move alike, is therefore followed by a
+// fence check of the grants still believed live (recheckLost, through
+// startRecheck; nothing to check, and no call, when there are none). The
+// check is a linearizable read on the leader, begun after the new member
+// acknowledged the stream (READY): a loss that member had applied by then
+// was committed before the read, which finds it; a later one is applied
+// there after the subscription, and pushed.
 func (d *Driver) watchLoop() {
 	defer d.watchWG.Done()
 	ctx := d.watchCtx
@@ -135,17 +149,18 @@ func (d *Driver) watchLoop() {
 			if broke && watchReopenHook != nil {
 				watchReopenHook()
 			}
+			if cur != nil && watchMoveHook != nil {
+				watchMoveHook(d.session, m.addr)
+			}
 			ws, err := d.openWatch(ctx, m)
 			switch {
 			case err == nil:
 				if cur != nil {
 					cur.stop()
-				} else {
-					// The first stream, or one after a break: a grant
-					// made before it was up may have ended unheard.
-					d.watchWG.Add(1)
-					go d.recheckLost(ctx)
 				}
+				// The first stream, one after a break or one after a
+				// move: a loss may have reached none (see above).
+				d.startRecheck(ctx)
 				cur, target, delay, broke = ws, nil, 50*time.Millisecond, false
 			case cur == nil:
 				// Not even one stream: try another member after a pause.
@@ -181,18 +196,51 @@ func (d *Driver) watchLoop() {
 // each attempt to reopen the Watch stream after a break.
 var watchReopenHook func()
 
+// watchMoveHook, when set (tests only: export_test.go), is called with the
+// Driver's session and the member's address before each attempt to move
+// the Watch stream to another member while it is open.
+var watchMoveHook func(session, addr string)
+
 // reasonUnseen is the loss reason recheckLost records: the server's own
 // reason went to no stream.
 const reasonUnseen = "UNSEEN"
 
+// startRecheck runs recheckLost after a Watch stream was acknowledged: at
+// once when no pass runs, else once more when the running pass ends (it
+// began before this stream was up, so it does not cover it). Passes never
+// overlap, however often the stream moves.
+func (d *Driver) startRecheck(ctx context.Context) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.rechecking {
+		d.recheckAgain = true
+		return
+	}
+	d.rechecking = true
+	d.watchWG.Add(1)
+	go func() {
+		defer d.watchWG.Done()
+		for {
+			d.recheckLost(ctx)
+			d.mu.Lock()
+			again := d.recheckAgain && ctx.Err() == nil
+			d.recheckAgain = false
+			d.rechecking = again
+			d.mu.Unlock()
+			if !again {
+				return
+			}
+		}
+	}()
+}
+
 // recheckLost asks the server (CheckFence, a linearizable read) whether each
 // grant with a Lost channel is still current, and closes the Lost channel
-// of each that is not: its loss was applied while no Watch stream was open.
+// of each that is not: its loss reached no Watch stream (see watchLoop).
 // Errors leave a grant as it is (its renewals and its validity deadline
 // still find a loss); a caller without the read permission on the keys
 // (PERMISSION_DENIED) ends the check.
 func (d *Driver) recheckLost(ctx context.Context) {
-	defer d.watchWG.Done()
 	type held struct {
 		k     grantKey
 		fence uint64
@@ -203,7 +251,7 @@ func (d *Driver) recheckLost(ctx context.Context) {
 		grants = append(grants, held{k, e.fence})
 	}
 	d.mu.Unlock()
-	// A reconnection comes with leader changes, when a check may be
+	// A new stream comes with leader changes, when a check may be
 	// answered "not the leader": ask again, for up to recheckBudget.
 	deadline := time.Now().Add(recheckBudget)
 	for _, g := range grants {
