@@ -158,6 +158,16 @@ func TestLoad_AbuseLeavesServerBoundedAndResponsive(t *testing.T) {
 	// concurrently.
 	nextPhase()
 	cpuProfile(p.Addr(), "renewals-cpu")
+	if os.Getenv("DLOCKD_LOAD_TRACE") != "" {
+		go func() {
+			resp, err := http.Get("http://" + p.Addr() + "/debug/pprof/trace?seconds=1")
+			if err == nil {
+				b, _ := io.ReadAll(resp.Body)
+				_ = resp.Body.Close()
+				_ = os.WriteFile(os.Getenv("DLOCKD_LOAD_DUMP")+"/renewals-trace", b, 0o644)
+			}
+		}()
+	}
 	sess, err := grpcClient(t, p.Addr()).Session(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -189,6 +199,11 @@ func TestLoad_AbuseLeavesServerBoundedAndResponsive(t *testing.T) {
 
 	if dir := os.Getenv("DLOCKD_LOAD_DUMP"); dir != "" {
 		_ = os.WriteFile(dir+"/metrics-after-load", []byte(metricsText(t, p.Addr())), 0o644)
+	}
+	if dir := os.Getenv("DLOCKD_LOAD_DUMP"); dir != "" {
+		if b, err := os.ReadFile(p.Log.Name()); err == nil {
+			_ = os.WriteFile(dir+"/dlockd.log", b, 0o644)
+		}
 	}
 	nextPhase() // the loads stay open, idle
 	time.Sleep(2 * time.Second)
