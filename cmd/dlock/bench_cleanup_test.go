@@ -316,3 +316,38 @@ func etcdClient(t *testing.T, e *testservers.Etcd) *clientv3.Client {
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
+
+// TestBench_Baselines: --raw-redis and --limits-dir add the baseline to the
+// report (raw Redis W1 and W2, a loopback round trip and fdatasync), and
+// the raw loops leave nothing behind in the user's Redis either.
+func TestBench_Baselines(t *testing.T) {
+	r := testservers.StartRedis(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := redisWithUserData(t, ctx, r)
+	res := dlock(t, r.URL(), "bench", "--store", r.URL(), "--clients", "2", "--contended", "2",
+		"--duration", "200ms", "--skip-hold", "--raw-redis", r.Addr(), "--limits-dir", t.TempDir(), "-o", "json")
+	wantCode(t, res, 0)
+	var rep struct {
+		Baseline struct {
+			RawRedis []struct {
+				CyclesPerSec float64 `json:"cycles_per_sec"`
+			} `json:"raw_redis"`
+			RawRedisContended []struct {
+				HandoffsPerSec float64 `json:"handoffs_per_sec"`
+			} `json:"raw_redis_contended"`
+			Limits struct {
+				RTT   float64 `json:"loopback_rtt_p50_us"`
+				Fsync float64 `json:"fsync_p50_us"`
+			} `json:"limits"`
+		} `json:"baseline"`
+	}
+	if err := json.Unmarshal([]byte(res.stdout), &rep); err != nil {
+		t.Fatalf("bench -o json: %v\n%s", err, res.stdout)
+	}
+	b := rep.Baseline
+	if len(b.RawRedis) != 1 || b.RawRedis[0].CyclesPerSec <= 0 || len(b.RawRedisContended) != 1 || b.RawRedisContended[0].HandoffsPerSec <= 0 || b.Limits.RTT <= 0 || b.Limits.Fsync <= 0 {
+		t.Fatalf("baseline %+v\n%s", b, res.stdout)
+	}
+	wantOnlyUserData(t, ctx, c, "bench --raw-redis")
+}

@@ -38,7 +38,14 @@ type Config struct {
 	HoldKeys         int            // W3 keys held at once (default 100,000; 0 skips W3 only if SkipHold)
 	SkipHold         bool           // skip W3
 	ServerPIDs       map[string]int // store URL → server PID, for W3 memory
-	Progress         func(format string, args ...any)
+	// RawRedisAddr, when set (host:port), adds the raw Redis baselines:
+	// W1 and W2 with go-redis alone (Baseline).
+	RawRedisAddr string
+	// LimitsDir, when set, adds the machine's limits (a loopback round
+	// trip, fdatasync of 4 KiB appends in this directory: that of a
+	// durable store's data).
+	LimitsDir string
+	Progress  func(format string, args ...any)
 }
 
 func (c *Config) defaults() {
@@ -77,7 +84,11 @@ type Contended struct {
 	GapP50Us       float64 `json:"gap_p50_us"`
 	GapP99Us       float64 `json:"gap_p99_us"`
 	LongestWaitMs  float64 `json:"longest_wait_ms"`
-	Errors         int64   `json:"errors"`
+	// Fairness is Jain's index of the grants per client: 1 when every
+	// client was granted as often (FIFO handoffs), 1/clients when one
+	// client took them all.
+	Fairness float64 `json:"fairness"`
+	Errors   int64   `json:"errors"`
 }
 
 // Held is one W3 row.
@@ -107,6 +118,7 @@ func Redact(store string) string { return urlparam.RedactString(store) }
 
 // Report is the whole run.
 type Report struct {
+	Baseline    *Baseline     `json:"baseline,omitempty"` // with Config.RawRedisAddr or LimitsDir
 	Uncontended []Uncontended `json:"uncontended"`
 	Contended   []Contended   `json:"contended"`
 	Held        []Held        `json:"held"`
@@ -121,6 +133,13 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		}
 	}
 	var rep Report
+	if cfg.LimitsDir != "" || cfg.RawRedisAddr != "" {
+		b, err := runBaseline(ctx, cfg)
+		if err != nil {
+			return rep, err
+		}
+		rep.Baseline = &b
+	}
 	for _, store := range cfg.Stores {
 		for _, n := range cfg.Clients {
 			cfg.Progress("W1 %s, %d clients", Redact(store), n)
@@ -150,6 +169,40 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		}
 	}
 	return rep, nil
+}
+
+// runBaseline measures the machine's limits and the raw Redis baselines
+// that cfg asks for.
+func runBaseline(ctx context.Context, cfg Config) (Baseline, error) {
+	var b Baseline
+	if cfg.LimitsDir != "" {
+		cfg.Progress("limits: loopback round trip, fdatasync in %s", cfg.LimitsDir)
+		l, err := MeasureLimits(ctx, cfg.LimitsDir, 2000)
+		if err != nil {
+			return b, err
+		}
+		b.Limits = l
+	}
+	if cfg.RawRedisAddr == "" {
+		return b, nil
+	}
+	for _, n := range cfg.Clients {
+		cfg.Progress("W1 raw Redis (go-redis, no dlock), %d clients", n)
+		r, err := RawRedisUncontended(ctx, cfg.RawRedisAddr, n, cfg.Duration)
+		if err != nil {
+			return b, err
+		}
+		b.RawRedis = append(b.RawRedis, r)
+	}
+	for _, n := range cfg.ContendedClients {
+		cfg.Progress("W2 raw Redis (go-redis, no dlock), %d clients on one key", n)
+		r, err := RawRedisContended(ctx, cfg.RawRedisAddr, n, cfg.Duration)
+		if err != nil {
+			return b, err
+		}
+		b.RawRedisContended = append(b.RawRedisContended, r)
+	}
+	return b, nil
 }
 
 // runID keeps keys of one run apart from earlier runs on the same store.
@@ -252,57 +305,35 @@ func contended(ctx context.Context, store string, n int, d time.Duration) (Conte
 	}
 	defer closeAll()
 	key := fmt.Sprintf("bench:w2:%s:%d", runID, n)
-	var (
-		mu          sync.Mutex
-		lastRelease time.Time
-		gaps        []time.Duration
-		longest     time.Duration
-		handoffs    int
-		errs        atomic.Int64
-	)
+	h := newHandoffs(n)
 	start := time.Now()
 	end := start.Add(d)
 	// The loops stop at end; waiters still queued then are cut off by stop.
 	stopCtx, stop := context.WithDeadline(ctx, end.Add(2*time.Second))
 	defer stop()
 	var wg sync.WaitGroup
-	for _, l := range lockers {
+	for i, l := range lockers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for time.Now().Before(end) {
 				t0 := time.Now()
 				ls, err := l.Acquire(stopCtx, key)
-				granted := time.Now()
 				if err != nil {
 					if stopCtx.Err() == nil {
-						errs.Add(1)
+						h.errs.Add(1)
 					}
 					return
 				}
-				mu.Lock()
-				if !lastRelease.IsZero() {
-					gaps = append(gaps, granted.Sub(lastRelease))
-				}
-				if w := granted.Sub(t0); w > longest {
-					longest = w
-				}
-				handoffs++
-				lastRelease = time.Now()
-				mu.Unlock()
+				h.granted(i, t0, time.Now())
 				if err := release(ctx, ls); err != nil {
-					errs.Add(1)
+					h.errs.Add(1)
 				}
 			}
 		}()
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
-	return Contended{
-		Store: store, Clients: n, HandoffsPerSec: float64(handoffs) / elapsed.Seconds(),
-		GapP50Us: pctUs(gaps, 0.50), GapP99Us: pctUs(gaps, 0.99),
-		LongestWaitMs: float64(longest.Microseconds()) / 1000, Errors: errs.Load(),
-	}, ctx.Err()
+	return h.result(store, time.Since(start)), ctx.Err()
 }
 
 func held(ctx context.Context, store string, keys, pid int) (Held, error) {

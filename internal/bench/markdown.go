@@ -19,25 +19,75 @@ func storeName(raw string) string {
 	return u.Scheme
 }
 
-// Markdown writes the report as three Markdown tables.
+// Markdown writes the report as Markdown tables: the baseline (when the
+// run measured it), then W1, W2 and W3. With a baseline, W1 and W2 rows
+// carry their ratio to raw Redis at the same client count, and W2 rows of
+// durable stores their ratio to the one-durable-write-per-handoff limit.
 func (r Report) Markdown(w io.Writer) {
+	rawW1 := map[int]float64{}
+	rawW2 := map[int]float64{}
+	var lim Limits
+	if b := r.Baseline; b != nil {
+		lim = b.Limits
+		for _, c := range b.RawRedis {
+			rawW1[c.Clients] = c.CyclesPerSec
+		}
+		for _, c := range b.RawRedisContended {
+			rawW2[c.Clients] = c.HandoffsPerSec
+		}
+		fmt.Fprintln(w, "### Baseline — this machine in this run")
+		fmt.Fprintln(w)
+		if lim.LoopbackRTTP50Us > 0 {
+			fmt.Fprintf(w, "- loopback TCP round trip: p50 %s, p99 %s\n", us(lim.LoopbackRTTP50Us), us(lim.LoopbackRTTP99Us))
+			fmt.Fprintf(w, "- 4 KiB append + fdatasync in %s: p50 %s, p99 %s\n", lim.FsyncDir, us(lim.FsyncP50Us), us(lim.FsyncP99Us))
+			fmt.Fprintf(w, "- one durable write per handoff allows 1 / (fdatasync p50 + round trip p50) = %.0f handoffs/s\n", lim.HandoffLimit())
+		}
+		if len(b.RawRedis) > 0 {
+			fmt.Fprintln(w, "- raw Redis: go-redis alone, `SET key token NX PX` then the compare-and-delete Lua release, each client its own connection (W2: waiters poll SET NX with no pause); no renewal, no fence, no durability")
+			fmt.Fprintln(w)
+			fmt.Fprintln(w, "| raw Redis | clients | cycles or handoffs/s | p50 | p99 | longest wait | fairness |")
+			fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|")
+			for _, c := range b.RawRedis {
+				fmt.Fprintf(w, "| W1 | %d | %.0f | %s | %s | | |\n", c.Clients, c.CyclesPerSec, us(c.AcquireP50Us), us(c.AcquireP99Us))
+			}
+			for _, c := range b.RawRedisContended {
+				fmt.Fprintf(w, "| W2 | %d | %.0f | %s | %s | %.1f ms | %.2f |\n", c.Clients, c.HandoffsPerSec, us(c.GapP50Us), us(c.GapP99Us), c.LongestWaitMs, c.Fairness)
+			}
+		}
+		fmt.Fprintln(w)
+	}
+	// durable: the stores whose every grant is on disk before it is
+	// answered, for which the disk limit means something.
+	durable := func(store string) bool {
+		switch storeName(store) {
+		case "dlockd", "etcd", "zk", "postgres", "postgresql", "consul":
+			return true
+		}
+		return false
+	}
+	ratio := func(v, base float64) string {
+		if base <= 0 {
+			return ""
+		}
+		return fmt.Sprintf("%.2f×", v/base)
+	}
 	if len(r.Uncontended) > 0 {
 		fmt.Fprintln(w, "### W1 — uncontended acquire+release (each client its own key)")
 		fmt.Fprintln(w)
-		fmt.Fprintln(w, "| store | clients | cycles/s | acquire p50 | acquire p99 | errors |")
-		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|")
+		fmt.Fprintln(w, "| store | clients | cycles/s | × raw Redis | acquire p50 | acquire p99 | errors |")
+		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|")
 		for _, c := range r.Uncontended {
-			fmt.Fprintf(w, "| %s | %d | %.0f | %s | %s | %d |\n", storeName(c.Store), c.Clients, c.CyclesPerSec, us(c.AcquireP50Us), us(c.AcquireP99Us), c.Errors)
+			fmt.Fprintf(w, "| %s | %d | %.0f | %s | %s | %s | %d |\n", storeName(c.Store), c.Clients, c.CyclesPerSec, ratio(c.CyclesPerSec, rawW1[c.Clients]), us(c.AcquireP50Us), us(c.AcquireP99Us), c.Errors)
 		}
 		fmt.Fprintln(w)
 	}
 	if len(r.Contended) > 0 {
 		fmt.Fprintln(w, "### W2 — contended handoff (all clients on one key)")
 		fmt.Fprintln(w)
-		fmt.Fprintln(w, "| store | clients | handoffs/s | gap p50 | gap p99 | longest wait | errors |")
-		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|")
+		fmt.Fprintln(w, "| store | clients | handoffs/s | × raw Redis | × disk limit | gap p50 | gap p99 | longest wait | fairness | errors |")
+		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 		for _, c := range r.Contended {
-			fmt.Fprintf(w, "| %s | %d | %.0f | %s | %s | %.1f ms | %d |\n", storeName(c.Store), c.Clients, c.HandoffsPerSec, us(c.GapP50Us), us(c.GapP99Us), c.LongestWaitMs, c.Errors)
+			fmt.Fprintf(w, "| %s | %d | %.0f | %s | %s | %s | %s | %.1f ms | %.2f | %d |\n", storeName(c.Store), c.Clients, c.HandoffsPerSec, ratio(c.HandoffsPerSec, rawW2[c.Clients]), diskRatio(durable(c.Store), c.HandoffsPerSec, lim.HandoffLimit(), ratio), us(c.GapP50Us), us(c.GapP99Us), c.LongestWaitMs, c.Fairness, c.Errors)
 		}
 		fmt.Fprintln(w)
 	}
@@ -55,6 +105,14 @@ func (r Report) Markdown(w io.Writer) {
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// diskRatio is ratio(v, limit) for a durable store, blank otherwise.
+func diskRatio(durable bool, v, limit float64, ratio func(v, base float64) string) string {
+	if !durable {
+		return ""
+	}
+	return ratio(v, limit)
 }
 
 func us(v float64) string {

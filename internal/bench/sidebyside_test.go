@@ -3,7 +3,10 @@ package bench
 // BenchmarkSideBySide starts one real server of every store dlock has (each
 // on a free loopback port, with its data in a temp dir, stopped by PID) and
 // runs the dlock bench workloads against all of them in one run. It is the
-// run behind docs/BENCHMARKS.md:
+// run behind docs/BENCHMARKS.md. Beside the stores it measures the
+// machine (a loopback round trip, fdatasync in dlockd's data directory)
+// and raw Redis with go-redis alone (Baseline), so that each store's
+// figures come with their ratios to those of the same run:
 //
 //	make bench-stores                      # writes docs/BENCHMARKS-run.md
 //	BENCH_DURATION=5s BENCH_HOLD_KEYS=100000 BENCH_OUT=/tmp/run.md \
@@ -58,14 +61,21 @@ func BenchmarkSideBySide(b *testing.B) {
 
 	var stores []string
 	pids := map[string]int{}
+	// The machine's limits are measured where dlockd writes (else in the
+	// temp dir), and raw Redis beside the dlock Redis driver, in the same
+	// run: the ratios are the figures to read.
+	limitsDir := os.TempDir()
+	var rawRedis string
 	if want("dlockd") {
 		d := servertest.StartProcess(b)
 		u := "dlockd://" + d.Addr()
 		stores, pids[u] = append(stores, u), d.PID()
+		limitsDir = d.DataDir
 	}
 	if want("redis") {
 		r := testservers.StartRedis(b)
 		stores, pids[r.URL()] = append(stores, r.URL()), r.PID()
+		rawRedis = r.Addr()
 	}
 	if want("redlock") {
 		rs := testservers.StartRedisN(b, 3)
@@ -120,6 +130,7 @@ func BenchmarkSideBySide(b *testing.B) {
 	for range b.N {
 		rep, err := Run(b.Context(), Config{
 			Stores: stores, Duration: dur, HoldKeys: holdKeys, ServerPIDs: pids,
+			RawRedisAddr: rawRedis, LimitsDir: limitsDir,
 			Progress: func(format string, args ...any) { b.Logf(format, args...) },
 		})
 		if err != nil {

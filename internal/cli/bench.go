@@ -36,6 +36,8 @@ func newBenchCmd(g *globals) *cobra.Command {
 		holdKeys int
 		skipHold bool
 		pids     []string
+		rawRedis string
+		limits   string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench [--store URL]...",
@@ -52,6 +54,15 @@ and prints one table per workload (Markdown, or JSON with -o json):
 
 Every client opens its own connection, as separate processes would. Each W1
 and W2 cell runs for --duration.
+
+Two baselines read the stores' figures as ratios (absolute figures on a
+shared machine move between runs): --raw-redis HOST:PORT runs W1 and W2
+with go-redis alone (SET NX PX, the compare-and-delete Lua release, W2's
+waiters polling with no pause; its keys end with each cycle and expire in
+30 s otherwise), and --limits-dir DIR measures a loopback round trip and
+an appended 4 KiB write with fdatasync in DIR (a durable store's data
+directory): W1 and W2 rows then carry "× raw Redis", and W2 rows of
+durable stores "× disk limit", 1 / (fdatasync + round trip).
 
 Bench cleans up what it creates. Unless the URL names a namespace of its
 own, it works in a throwaway one named dlock-bench-RANDOM and deletes it
@@ -128,6 +139,7 @@ bounded tail of entries after a snapshot).`,
 			rep, err := bench.Run(ctx, bench.Config{
 				Stores: stores, Clients: clients, ContendedClients: cclients, Duration: duration,
 				HoldKeys: holdKeys, SkipHold: skipHold, ServerPIDs: pidMap,
+				RawRedisAddr: rawRedis, LimitsDir: limits,
 				Progress: func(format string, a ...any) { fmt.Fprintf(g.stderr, "bench: "+format+"\n", a...) },
 			})
 			if sig, ok := caught.Load().(os.Signal); ok {
@@ -173,6 +185,8 @@ bounded tail of entries after a snapshot).`,
 	fl.IntVar(&holdKeys, "hold-keys", 100_000, "W3: keys held at once")
 	fl.BoolVar(&skipHold, "skip-hold", false, "skip W3")
 	fl.StringArrayVar(&pids, "pid", nil, "URL=PID of a store's server process, for W3 memory")
+	fl.StringVar(&rawRedis, "raw-redis", "", "HOST:PORT of a Redis server: also run W1 and W2 with go-redis alone, the baseline of the ratios")
+	fl.StringVar(&limits, "limits-dir", "", "directory (a durable store's data dir): also measure a loopback round trip and fdatasync there")
 	return cmd
 }
 

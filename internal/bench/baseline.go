@@ -1,0 +1,335 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Baseline is what a lock round trip can cost on this machine, measured in
+// the same run as the stores, so that the stores' figures can be read as
+// ratios (absolute figures on a shared machine move by ±30% between runs):
+//
+//   - RawRedis and RawRedisContended: the W1 and W2 loops written with
+//     go-redis alone, no dlock code: SET key token NX PX for the grant and
+//     the compare-and-delete Lua script for the release, each client its
+//     own connection. W2's waiters poll SET NX in a loop with no pause: the
+//     fastest a polling client can hand a key over, at the cost of a
+//     server kept busy. This is the speed of light for a lock round trip
+//     here, and it has no lease renewal, no fence and no durability.
+//   - Limits: a loopback TCP round trip, and an appended 4 KiB write with
+//     fdatasync in the directory a durable store writes to: a durable
+//     handoff costs at least one of each.
+type Baseline struct {
+	RawRedis          []Uncontended `json:"raw_redis"`
+	RawRedisContended []Contended   `json:"raw_redis_contended"`
+	Limits            Limits        `json:"limits"`
+}
+
+// Limits are the machine's physical limits for a lock round trip.
+type Limits struct {
+	LoopbackRTTP50Us float64 `json:"loopback_rtt_p50_us"`
+	LoopbackRTTP99Us float64 `json:"loopback_rtt_p99_us"`
+	FsyncP50Us       float64 `json:"fsync_p50_us"` // a 4 KiB append + fdatasync
+	FsyncP99Us       float64 `json:"fsync_p99_us"`
+	FsyncDir         string  `json:"fsync_dir"`
+}
+
+// HandoffLimit is the one-durable-write-per-handoff limit, in handoffs per
+// second: 1 / (fdatasync p50 + loopback round trip p50). 0 when either was
+// not measured.
+func (l Limits) HandoffLimit() float64 {
+	if l.FsyncP50Us <= 0 || l.LoopbackRTTP50Us <= 0 {
+		return 0
+	}
+	return 1e6 / (l.FsyncP50Us + l.LoopbackRTTP50Us)
+}
+
+// releaseScript is the release of the Redis lock recipe: delete the key
+// only if it still holds the caller's token.
+var releaseScript = redis.NewScript(`if redis.call("get", KEYS[1]) == ARGV[1] then return redis.call("del", KEYS[1]) else return 0 end`)
+
+// rawRedisClients opens n go-redis clients of one connection each to addr.
+func rawRedisClients(ctx context.Context, addr string, n int) ([]*redis.Client, func(), error) {
+	cs := make([]*redis.Client, 0, n)
+	closeAll := func() {
+		for _, c := range cs {
+			_ = c.Close()
+		}
+	}
+	for range n {
+		c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 1, MinIdleConns: 1})
+		if err := c.Ping(ctx).Err(); err != nil {
+			_ = c.Close()
+			closeAll()
+			return nil, nil, fmt.Errorf("bench: raw Redis at %s: %w", addr, err)
+		}
+		cs = append(cs, c)
+	}
+	return cs, closeAll, nil
+}
+
+func token() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// RawRedisUncontended runs W1 with go-redis alone against the Redis server
+// at addr: n clients, each on its own key, SET NX PX then the release
+// script, in a loop for d. Store is "raw-redis".
+func RawRedisUncontended(ctx context.Context, addr string, n int, d time.Duration) (Uncontended, error) {
+	cs, closeAll, err := rawRedisClients(ctx, addr, n)
+	if err != nil {
+		return Uncontended{}, err
+	}
+	defer closeAll()
+	if err := releaseScript.Load(ctx, cs[0]).Err(); err != nil {
+		return Uncontended{}, fmt.Errorf("bench: raw Redis: load the release script: %w", err)
+	}
+	var errs, cycles atomic.Int64
+	lat := make([][]time.Duration, n)
+	start := time.Now()
+	end := start.Add(d)
+	var wg sync.WaitGroup
+	for i, c := range cs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := fmt.Sprintf("bench:raw:w1:%s:%d:%d", runID, n, i)
+			tok := token()
+			for time.Now().Before(end) && ctx.Err() == nil {
+				t0 := time.Now()
+				ok, err := c.SetNX(ctx, key, tok, 30*time.Second).Result()
+				if err != nil || !ok {
+					if ctx.Err() == nil {
+						errs.Add(1)
+					}
+					continue
+				}
+				lat[i] = append(lat[i], time.Since(t0))
+				if err := releaseScript.EvalSha(ctx, c, []string{key}, tok).Err(); err != nil {
+					errs.Add(1)
+					continue
+				}
+				cycles.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	all := slices.Concat(lat...)
+	return Uncontended{
+		Store: "raw-redis", Clients: n, CyclesPerSec: float64(cycles.Load()) / elapsed.Seconds(),
+		AcquireP50Us: pctUs(all, 0.50), AcquireP99Us: pctUs(all, 0.99), Errors: errs.Load(),
+	}, ctx.Err()
+}
+
+// RawRedisContended runs W2 with go-redis alone against the Redis server at
+// addr: n clients on one key, each polling SET NX PX with no pause until it
+// is granted, then releasing with the release script, in a loop for d.
+// Store is "raw-redis".
+func RawRedisContended(ctx context.Context, addr string, n int, d time.Duration) (Contended, error) {
+	cs, closeAll, err := rawRedisClients(ctx, addr, n)
+	if err != nil {
+		return Contended{}, err
+	}
+	defer closeAll()
+	if err := releaseScript.Load(ctx, cs[0]).Err(); err != nil {
+		return Contended{}, fmt.Errorf("bench: raw Redis: load the release script: %w", err)
+	}
+	key := fmt.Sprintf("bench:raw:w2:%s:%d", runID, n)
+	w := newHandoffs(n)
+	start := time.Now()
+	end := start.Add(d)
+	var wg sync.WaitGroup
+	for i, c := range cs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tok := token()
+			for time.Now().Before(end) && ctx.Err() == nil {
+				t0 := time.Now()
+				for {
+					ok, err := c.SetNX(ctx, key, tok, 30*time.Second).Result()
+					if err != nil {
+						if ctx.Err() == nil {
+							w.errs.Add(1)
+						}
+						return
+					}
+					if ok {
+						break
+					}
+					if !time.Now().Before(end) {
+						return
+					}
+				}
+				w.granted(i, t0, time.Now())
+				if err := releaseScript.EvalSha(ctx, c, []string{key}, tok).Err(); err != nil {
+					w.errs.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return w.result("raw-redis", time.Since(start)), ctx.Err()
+}
+
+// handoffs records W2's grants: the gap from each release to the next
+// grant, the longest wait, and each client's grants (for the fairness
+// index).
+type handoffs struct {
+	mu          sync.Mutex
+	lastRelease time.Time
+	gaps        []time.Duration
+	longest     time.Duration
+	perClient   []int
+	errs        atomic.Int64
+}
+
+func newHandoffs(n int) *handoffs { return &handoffs{perClient: make([]int, n)} }
+
+// granted records client i's grant at granted, for a wait begun at asked,
+// and the release that follows at once (the caller releases next).
+func (h *handoffs) granted(i int, asked, granted time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.lastRelease.IsZero() {
+		h.gaps = append(h.gaps, granted.Sub(h.lastRelease))
+	}
+	h.longest = max(h.longest, granted.Sub(asked))
+	h.perClient[i]++
+	h.lastRelease = time.Now()
+}
+
+func (h *handoffs) result(store string, elapsed time.Duration) Contended {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	total := 0
+	for _, c := range h.perClient {
+		total += c
+	}
+	return Contended{
+		Store: store, Clients: len(h.perClient), HandoffsPerSec: float64(total) / elapsed.Seconds(),
+		GapP50Us: pctUs(h.gaps, 0.50), GapP99Us: pctUs(h.gaps, 0.99),
+		LongestWaitMs: float64(h.longest.Microseconds()) / 1000, Fairness: jain(h.perClient),
+		Errors: h.errs.Load(),
+	}
+}
+
+// jain is Jain's fairness index of the grants per client: (Σx)² / (n·Σx²),
+// 1 when every client was granted as often, 1/n when one client took
+// every grant; 0 when nobody was granted.
+func jain(x []int) float64 {
+	var sum, sq float64
+	for _, v := range x {
+		sum += float64(v)
+		sq += float64(v) * float64(v)
+	}
+	if sq == 0 {
+		return 0
+	}
+	return sum * sum / (float64(len(x)) * sq)
+}
+
+// MeasureLimits measures a loopback TCP round trip (n one-byte ping-pongs
+// on one connection) and n appended 4 KiB writes, each followed by
+// fdatasync, to a file in dir (removed after).
+func MeasureLimits(ctx context.Context, dir string, n int) (Limits, error) {
+	l := Limits{FsyncDir: dir}
+	rtt, err := loopbackRTT(ctx, n)
+	if err != nil {
+		return l, err
+	}
+	l.LoopbackRTTP50Us, l.LoopbackRTTP99Us = pctUs(rtt, 0.50), pctUs(rtt, 0.99)
+	fs, err := fsyncLatency(ctx, dir, n)
+	if err != nil {
+		return l, err
+	}
+	l.FsyncP50Us, l.FsyncP99Us = pctUs(fs, 0.50), pctUs(fs, 0.99)
+	return l, nil
+}
+
+func loopbackRTT(ctx context.Context, n int) ([]time.Duration, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	defer ln.Close()
+	served := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			served <- err
+			return
+		}
+		defer c.Close()
+		_, err = io.Copy(c, c) // echo until the client closes
+		served <- err
+	}()
+	c, err := net.DialTimeout("tcp", ln.Addr().String(), 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	d := make([]time.Duration, 0, n)
+	b := []byte{1}
+	for range n {
+		if ctx.Err() != nil {
+			break
+		}
+		t0 := time.Now()
+		if _, err := c.Write(b); err != nil {
+			_ = c.Close()
+			return nil, err
+		}
+		if _, err := io.ReadFull(c, b); err != nil {
+			_ = c.Close()
+			return nil, err
+		}
+		d = append(d, time.Since(t0))
+	}
+	_ = c.Close()
+	if err := <-served; err != nil && !errors.Is(err, net.ErrClosed) {
+		return nil, err
+	}
+	return d, ctx.Err()
+}
+
+func fsyncLatency(ctx context.Context, dir string, n int) ([]time.Duration, error) {
+	f, err := os.CreateTemp(dir, "bench-fsync-*")
+	if err != nil {
+		return nil, fmt.Errorf("bench: fsync latency: %w", err)
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	buf := make([]byte, 4096)
+	d := make([]time.Duration, 0, n)
+	for range n {
+		if ctx.Err() != nil {
+			break
+		}
+		t0 := time.Now()
+		if _, err := f.Write(buf); err != nil {
+			return nil, err
+		}
+		if err := syscall.Fdatasync(int(f.Fd())); err != nil {
+			return nil, fmt.Errorf("bench: fdatasync in %s: %w", filepath.Dir(f.Name()), err)
+		}
+		d = append(d, time.Since(t0))
+	}
+	return d, ctx.Err()
+}
