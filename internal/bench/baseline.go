@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -62,7 +61,8 @@ func (l Limits) HandoffLimit() float64 {
 // only if it still holds the caller's token.
 var releaseScript = redis.NewScript(`if redis.call("get", KEYS[1]) == ARGV[1] then return redis.call("del", KEYS[1]) else return 0 end`)
 
-// rawRedisClients opens n go-redis clients of one connection each to addr.
+// rawRedisClients opens n go-redis clients of one connection each to addr,
+// with the release script loaded.
 func rawRedisClients(ctx context.Context, addr string, n int) ([]*redis.Client, func(), error) {
 	cs := make([]*redis.Client, 0, n)
 	closeAll := func() {
@@ -79,6 +79,10 @@ func rawRedisClients(ctx context.Context, addr string, n int) ([]*redis.Client, 
 		}
 		cs = append(cs, c)
 	}
+	if err := releaseScript.Load(ctx, cs[0]).Err(); err != nil {
+		closeAll()
+		return nil, nil, fmt.Errorf("bench: raw Redis: load the release script: %w", err)
+	}
 	return cs, closeAll, nil
 }
 
@@ -87,6 +91,10 @@ func token() string {
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
+
+// errNotGranted is a raw SET NX that found the key held (W1's own keys
+// are never held: an error).
+var errNotGranted = errors.New("bench: raw Redis: SET NX refused an own key")
 
 // RawRedisUncontended runs W1 with go-redis alone against the Redis server
 // at addr: n clients, each on its own key, SET NX PX then the release
@@ -97,45 +105,22 @@ func RawRedisUncontended(ctx context.Context, addr string, n int, d time.Duratio
 		return Uncontended{}, err
 	}
 	defer closeAll()
-	if err := releaseScript.Load(ctx, cs[0]).Err(); err != nil {
-		return Uncontended{}, fmt.Errorf("bench: raw Redis: load the release script: %w", err)
+	keys, toks := make([]string, n), make([]string, n)
+	for i := range keys {
+		keys[i], toks[i] = fmt.Sprintf("bench:raw:w1:%s:%d:%d", runID, n, i), token()
 	}
-	var errs, cycles atomic.Int64
-	lat := make([][]time.Duration, n)
-	start := time.Now()
-	end := start.Add(d)
-	var wg sync.WaitGroup
-	for i, c := range cs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			key := fmt.Sprintf("bench:raw:w1:%s:%d:%d", runID, n, i)
-			tok := token()
-			for time.Now().Before(end) && ctx.Err() == nil {
-				t0 := time.Now()
-				ok, err := c.SetNX(ctx, key, tok, 30*time.Second).Result()
-				if err != nil || !ok {
-					if ctx.Err() == nil {
-						errs.Add(1)
-					}
-					continue
-				}
-				lat[i] = append(lat[i], time.Since(t0))
-				if err := releaseScript.EvalSha(ctx, c, []string{key}, tok).Err(); err != nil {
-					errs.Add(1)
-					continue
-				}
-				cycles.Add(1)
-			}
-		}()
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	all := slices.Concat(lat...)
-	return Uncontended{
-		Store: "raw-redis", Clients: n, CyclesPerSec: float64(cycles.Load()) / elapsed.Seconds(),
-		AcquireP50Us: pctUs(all, 0.50), AcquireP99Us: pctUs(all, 0.99), Errors: errs.Load(),
-	}, ctx.Err()
+	return cycles(ctx, "raw-redis", n, d, func(i int) (time.Duration, error) {
+		t0 := time.Now()
+		ok, err := cs[i].SetNX(ctx, keys[i], toks[i], 30*time.Second).Result()
+		if err == nil && !ok {
+			err = errNotGranted
+		}
+		if err != nil {
+			return 0, err
+		}
+		took := time.Since(t0)
+		return took, releaseScript.EvalSha(ctx, cs[i], []string{keys[i]}, toks[i]).Err()
+	}), ctx.Err()
 }
 
 // RawRedisContended runs W2 with go-redis alone against the Redis server at
@@ -148,9 +133,6 @@ func RawRedisContended(ctx context.Context, addr string, n int, d time.Duration)
 		return Contended{}, err
 	}
 	defer closeAll()
-	if err := releaseScript.Load(ctx, cs[0]).Err(); err != nil {
-		return Contended{}, fmt.Errorf("bench: raw Redis: load the release script: %w", err)
-	}
 	key := fmt.Sprintf("bench:raw:w2:%s:%d", runID, n)
 	w := newHandoffs(n)
 	start := time.Now()

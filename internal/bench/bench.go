@@ -261,31 +261,46 @@ func uncontended(ctx context.Context, store string, n int, d time.Duration) (Unc
 		return Uncontended{}, err
 	}
 	defer closeAll()
-	var errs, cycles atomic.Int64
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("bench:w1:%s:%d:%d", runID, n, i)
+	}
+	return cycles(ctx, store, n, d, func(i int) (time.Duration, error) {
+		t0 := time.Now()
+		ls, err := acquire(ctx, lockers[i], keys[i]) // an own key: free at once
+		if err != nil {
+			return 0, err
+		}
+		took := time.Since(t0)
+		return took, release(ctx, ls)
+	}), ctx.Err()
+}
+
+// cycles runs W1's loop: n clients at once, each calling cycle(i) in a
+// loop until d has passed. cycle acquires its own key and releases it, and
+// returns how long the acquisition took (0 when it failed) and its error,
+// if any; a cycle without error counts.
+func cycles(ctx context.Context, store string, n int, d time.Duration, cycle func(i int) (time.Duration, error)) Uncontended {
+	var errs, done atomic.Int64
 	lat := make([][]time.Duration, n)
 	start := time.Now()
 	end := start.Add(d)
 	var wg sync.WaitGroup
-	for i, l := range lockers {
+	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			key := fmt.Sprintf("bench:w1:%s:%d:%d", runID, n, i)
 			for time.Now().Before(end) && ctx.Err() == nil {
-				t0 := time.Now()
-				ls, err := acquire(ctx, l, key) // an own key: free at once
-				if err != nil {
-					if ctx.Err() == nil {
-						errs.Add(1)
-					}
-					continue
+				took, err := cycle(i)
+				if took > 0 {
+					lat[i] = append(lat[i], took)
 				}
-				lat[i] = append(lat[i], time.Since(t0))
-				if err := release(ctx, ls); err != nil {
+				switch {
+				case err == nil:
+					done.Add(1)
+				case ctx.Err() == nil:
 					errs.Add(1)
-					continue
 				}
-				cycles.Add(1)
 			}
 		}()
 	}
@@ -293,9 +308,9 @@ func uncontended(ctx context.Context, store string, n int, d time.Duration) (Unc
 	elapsed := time.Since(start)
 	all := slices.Concat(lat...)
 	return Uncontended{
-		Store: store, Clients: n, CyclesPerSec: float64(cycles.Load()) / elapsed.Seconds(),
+		Store: store, Clients: n, CyclesPerSec: float64(done.Load()) / elapsed.Seconds(),
 		AcquireP50Us: pctUs(all, 0.50), AcquireP99Us: pctUs(all, 0.99), Errors: errs.Load(),
-	}, ctx.Err()
+	}
 }
 
 func contended(ctx context.Context, store string, n int, d time.Duration) (Contended, error) {
