@@ -53,6 +53,7 @@ const (
 	limitWatchStreams    = "watch_streams"
 	limitWaitingRequests = "waiting_requests"
 	limitSessionInflight = "session_inflight"
+	limitSessionRate     = "session_rate"
 	// Bytes of Session calls in flight, of one stream and of the node.
 	limitSessionInflightBytes = "session_inflight_bytes"
 	limitInflightBytes        = "inflight_bytes"

@@ -691,3 +691,55 @@ func TestSession_InflightBytes(t *testing.T) {
 		<-done[i] // the clients' sends end too
 	}
 }
+
+// TestLimits_SessionCallRate: a Session stream's calls are read no faster
+// than MaxSessionCallRate allows (here 400 a second: 1 call each 2.5 ms),
+// the pacing counted as limit "session_rate"; every call is still
+// answered, and another client is not held back. The bound is a lower one
+// (the calls cannot be answered sooner than the rate allows), which a
+// loaded machine cannot make fail.
+func TestLimits_SessionCallRate(t *testing.T) {
+	srv := start(t, func(c *server.Config) { c.MaxSessionCallRate = 400 })
+	c := grpcClient(t, srv.Addr())
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if _, err := c.Acquire(ctx, &dlockv1.AcquireRequest{Key: "k", Owner: "owner-k-0123456789", Ttl: durationpb.New(time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Session(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const calls = 400
+	start := time.Now()
+	go func() {
+		for i := range calls {
+			_ = s.Send(&dlockv1.SessionRequest{Id: uint64(i + 1), Call: &dlockv1.SessionRequest_Renew{Renew: &dlockv1.RenewRequest{Items: []*dlockv1.RenewItem{{Key: "k", Owner: "owner-k-0123456789"}}}}})
+		}
+	}()
+	// Another client meanwhile: its unary calls are not paced.
+	other := time.Now()
+	for range 20 {
+		if _, err := c.Inspect(ctx, &dlockv1.InspectRequest{Key: "k"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	otherTook := time.Since(other)
+	for i := range calls {
+		r, err := s.Recv()
+		if err != nil || r.GetCode() != 0 || !r.GetRenew().GetResults()[0].GetOk() {
+			t.Fatalf("answer %d: %v %v", i, r, err)
+		}
+	}
+	took := time.Since(start)
+	// 400 calls at 400 a second: the first is read at once, the last no
+	// sooner than 399 × 2.5 ms.
+	if min := 399 * 2500 * time.Microsecond; took < min {
+		t.Errorf("%d calls answered in %v, sooner than the rate allows (%v)", calls, took, min)
+	}
+	if n := refusals(t, srv.Addr(), "session_rate"); n < 1 {
+		t.Errorf("session_rate counted %d times, want at least 1", n)
+	}
+	t.Logf("%d paced calls in %v; 20 unary calls of another client meanwhile in %v", calls, took, otherTook)
+	_ = s.CloseSend()
+}

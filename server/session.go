@@ -111,6 +111,7 @@ type sessionStream struct {
 	slots chan struct{}      // one per call in flight; capacity MaxInflightPerStream
 	out   chan sessionAnswer // answers to send; capacity MaxInflightPerStream
 	bytes *byteBudget        // bytes of the calls in flight; MaxInflightBytesPerStream
+	pace  callPacer          // MaxSessionCallRate
 
 	mu      sync.Mutex
 	stopped bool
@@ -147,6 +148,7 @@ func (a *api) Session(stream dlockv1.Lock_SessionServer) error {
 		a: a, stream: stream, running: make(map[uint64]context.CancelFunc),
 		slots: make(chan struct{}, n), out: make(chan sessionAnswer, n),
 		bytes: newByteBudget(int64(a.s.cfg.MaxInflightBytesPerStream)),
+		pace:  newCallPacer(a.s.cfg.MaxSessionCallRate),
 	}
 	sent := make(chan struct{})
 	go ss.sendLoop(sent)
@@ -223,6 +225,58 @@ func (ss *sessionStream) ended(ctx context.Context) error {
 	return io.EOF
 }
 
+// callPacer spaces out the calls of one Session stream to a rate: at most
+// burst calls per window, burst = rate/1000 (at least 1) and window =
+// burst/rate (at least a millisecond), so that a pipelining client's
+// calls arrive smoothly rather than in bursts of a whole window. Used by
+// the stream's read loop only: no lock.
+type callPacer struct {
+	burst  int
+	window time.Duration
+	n      int       // calls read in the current window
+	start  time.Time // the current window's start
+}
+
+// newCallPacer returns the pacer of rate calls per second (0: none).
+func newCallPacer(rate int) callPacer {
+	if rate <= 0 {
+		return callPacer{}
+	}
+	burst := max(rate/1000, 1)
+	return callPacer{burst: burst, window: max(time.Second*time.Duration(burst)/time.Duration(rate), time.Millisecond)}
+}
+
+// wait returns once the next call may be read, counting limit
+// "session_rate" when it had to wait; an error when the stream (ctx) or
+// the server (closing) ends first.
+func (p *callPacer) wait(ctx context.Context, closing <-chan struct{}, lim *limits) error {
+	if p.burst == 0 {
+		return nil
+	}
+	if p.n < p.burst {
+		if p.n == 0 {
+			p.start = time.Now()
+		}
+		p.n++
+		return nil
+	}
+	if d := time.Until(p.start.Add(p.window)); d > 0 {
+		lim.refused(limitSessionRate, fmt.Sprintf("a Session stream makes calls faster than %d per %v; reading it more slowly", p.burst, p.window))
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return status.FromContextError(ctx.Err()).Err()
+		case <-closing:
+			t.Stop()
+			return io.EOF
+		}
+	}
+	p.start, p.n = time.Now(), 1
+	return nil
+}
+
 // takeSlot waits for a free slot before the next call is read. It returns
 // an error when the stream or the server ends first.
 func (ss *sessionStream) takeSlot(ctx context.Context) error {
@@ -246,6 +300,9 @@ func (ss *sessionStream) takeSlot(ctx context.Context) error {
 func (ss *sessionStream) recvLoop() error {
 	ctx := ss.stream.Context()
 	for {
+		if err := ss.pace.wait(ctx, ss.a.s.closing, ss.a.s.limits()); err != nil {
+			return err
+		}
 		if err := ss.takeSlot(ctx); err != nil {
 			return err
 		}
