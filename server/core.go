@@ -272,6 +272,16 @@ func (s *Server) acquire(ctx context.Context, in acquireIn, cancel <-chan struct
 	begin := func() {
 		q, out, err = s.beginAcquire(ctx, in)
 		if err == nil && q != nil && onQueued != nil {
+			defer func() {
+				if p := recover(); p != nil {
+					// awaitGrant will not run: leave nothing behind (the
+					// wait registration, the queue entry or a grant that
+					// raced), then let the caller's recovery answer.
+					s.waits.remove(q.ko, q.w)
+					_ = s.undo(q.ko)
+					panic(p)
+				}
+			}()
 			onQueued(q.position)
 		}
 	}

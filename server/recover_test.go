@@ -230,3 +230,44 @@ func TestRecover_WaitWorkerPanics(t *testing.T) {
 		t.Fatalf("wait after the panic: %v %v, want GRANTED", ev, err)
 	}
 }
+
+// TestRecover_PanicInOnQueuedLeavesNothing: a panic in acquire's onQueued
+// (the QUEUED send of a Wait stream, on a pooled worker), raised again as a
+// *workerPanic for the caller's recovery, leaves neither the request's
+// wait registration (the owner would be refused DUPLICATE_WAIT on the key
+// until the process restarted) nor its queue entry (the key would be
+// handed to a request nobody hears) behind. Found by a breaker review.
+func TestRecover_PanicInOnQueuedLeavesNothing(t *testing.T) {
+	cfg, _ := internalConfig(t)
+	s := startInternal(t, cfg)
+	c := internalClient(t, s.Addr())
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	const owner = "owner-queued-0123456789abcdef"
+	if _, err := c.Acquire(ctx, &dlockv1.AcquireRequest{Key: "k", Owner: "owner-holder-0123456789abcdef", Ttl: durationpb.New(time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	func() {
+		defer func() {
+			if _, ok := recover().(*workerPanic); !ok {
+				t.Fatal("no *workerPanic raised in the caller")
+			}
+		}()
+		_, _ = s.acquire(ctx, acquireIn{key: "k", owner: owner, ttl: time.Minute, wait: true}, make(chan struct{}), func(int) {
+			panic("test panic in onQueued")
+		})
+	}()
+	if in, err := c.Inspect(ctx, &dlockv1.InspectRequest{Key: "k"}); err != nil || in.GetWaiters() != 0 {
+		t.Fatalf("after the panic: %v %v, want the key held with no waiter", in, err)
+	}
+	w, err := c.Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Send(&dlockv1.AcquireRequest{Key: "k", Owner: owner, Ttl: durationpb.New(time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	if ev, err := w.Recv(); err != nil || ev.GetType() != dlockv1.WaitEvent_QUEUED {
+		t.Fatalf("the same owner waits again: %v %v, want QUEUED", ev, err)
+	}
+}
