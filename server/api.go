@@ -162,8 +162,8 @@ func (a *api) Wait(stream dlockv1.Lock_WaitServer) error {
 		_, _ = stream.Recv()
 		close(cancel)
 	}()
-	// acquire parks this goroutine with a small stack, and sends QUEUED
-	// from a pooled worker (core.go).
+	// For a held key, acquire sends QUEUED from a pooled worker and parks
+	// this goroutine with a small stack (core.go).
 	g, err := a.s.acquire(stream.Context(), in, cancel, func(pos int) {
 		_ = stream.Send(&dlockv1.WaitEvent{Type: dlockv1.WaitEvent_QUEUED, Position: uint32(min(pos, 1<<31))})
 	})

@@ -4,12 +4,11 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	dlockv1 "github.com/dlock-dev/dlock/proto/dlock/v1"
@@ -168,14 +169,7 @@ func TestLoad_AbuseLeavesServerBoundedAndResponsive(t *testing.T) {
 	nextPhase()
 	cpuProfile(p.Addr(), "renewals-cpu")
 	if os.Getenv("DLOCKD_LOAD_TRACE") != "" {
-		go func() {
-			resp, err := http.Get("http://" + p.Addr() + "/debug/pprof/trace?seconds=1")
-			if err == nil {
-				b, _ := io.ReadAll(resp.Body)
-				_ = resp.Body.Close()
-				_ = os.WriteFile(os.Getenv("DLOCKD_LOAD_DUMP")+"/renewals-trace", b, 0o644)
-			}
-		}()
+		go dumpURL(p.Addr(), "trace?seconds=1", "renewals-trace")
 	}
 	sess, err := grpcClient(t, p.Addr()).Session(ctx)
 	if err != nil {
@@ -208,8 +202,6 @@ func TestLoad_AbuseLeavesServerBoundedAndResponsive(t *testing.T) {
 
 	if dir := os.Getenv("DLOCKD_LOAD_DUMP"); dir != "" {
 		_ = os.WriteFile(dir+"/metrics-after-load", []byte(metricsText(t, p.Addr())), 0o644)
-	}
-	if dir := os.Getenv("DLOCKD_LOAD_DUMP"); dir != "" {
 		if b, err := os.ReadFile(p.Log.Name()); err == nil {
 			_ = os.WriteFile(dir+"/dlockd.log", b, 0o644)
 		}
@@ -459,8 +451,12 @@ func TestLoad_ParkedStreamStacks(t *testing.T) {
 	waited := stacks()
 	// Acquire with wait (unary): no goroutine reads a unary call's stream.
 	uc := dlockv1.NewLockClient(loadDial(t, p.Addr()))
+	var unaryWG sync.WaitGroup
+	defer func() { cancel(); unaryWG.Wait() }() // they end with ctx
 	for i := range n {
+		unaryWG.Add(1)
 		go func() {
+			defer unaryWG.Done()
 			_, _ = uc.Acquire(ctx, &dlockv1.AcquireRequest{Key: "hot", Owner: fmt.Sprintf("owner-u-%05d", i), Ttl: durationpb.New(time.Minute), Wait: true})
 		}()
 	}
@@ -490,43 +486,41 @@ func TestLoad_ParkedStreamStacks(t *testing.T) {
 	if perWaiter > 14<<10 {
 		t.Errorf("a parked Wait stream costs %.1f KiB of stack, want at most 14 KiB", perWaiter/1024)
 	}
-
 }
 
 // cpuProfile writes a 1 s CPU profile of the server, from now, into the
 // directory DLOCKD_LOAD_DUMP names, if any, as name.
 func cpuProfile(addr, name string) {
-	dir := os.Getenv("DLOCKD_LOAD_DUMP")
-	if dir == "" {
-		return
+	if os.Getenv("DLOCKD_LOAD_DUMP") != "" {
+		go dumpURL(addr, "profile?seconds=1", name)
 	}
-	go func() {
-		resp, err := http.Get("http://" + addr + "/debug/pprof/profile?seconds=1")
-		if err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			_ = resp.Body.Close()
-			_ = os.WriteFile(dir+"/"+name, b, 0o644)
-		}
-	}()
+}
+
+// dumpURL writes the server's /debug/pprof/ page q into the directory
+// DLOCKD_LOAD_DUMP names as name, and returns the error of either.
+func dumpURL(addr, q, name string) error {
+	resp, err := http.Get("http://" + addr + "/debug/pprof/" + q)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(os.Getenv("DLOCKD_LOAD_DUMP"), name), b, 0o644)
 }
 
 // dumpProf writes the server's goroutine and heap profiles into the
 // directory DLOCKD_LOAD_DUMP names, if any, as name-goroutine_debug1,
 // name-heap (pprof) and name-heap_debug1.
 func dumpProf(t *testing.T, addr, name string) {
-	dir := os.Getenv("DLOCKD_LOAD_DUMP")
-	if dir == "" {
+	if os.Getenv("DLOCKD_LOAD_DUMP") == "" {
 		return
 	}
 	for _, q := range []string{"goroutine?debug=1", "heap", "heap?debug=1"} {
-		resp, err := http.Get("http://" + addr + "/debug/pprof/" + q)
-		if err != nil {
+		if err := dumpURL(addr, q, name+"-"+strings.NewReplacer("?", "_", "=", "").Replace(q)); err != nil {
 			t.Log(err)
-			continue
 		}
-		b, _ := io.ReadAll(resp.Body)
-		_ = resp.Body.Close()
-		fn := strings.NewReplacer("?", "_", "=", "").Replace(q)
-		_ = os.WriteFile(dir+"/"+name+"-"+fn, b, 0o644)
 	}
 }

@@ -35,9 +35,11 @@ func callPanicHook(where string) {
 // the panicking goroutine, and returns the INTERNAL error to answer. Call
 // it from the deferred function that recovered p.
 func (s *Server) recovered(where string, p any) error {
-	stack := debug.Stack()
+	var stack []byte
 	if wp, ok := p.(*workerPanic); ok { // raised again by callPool.do: the worker's stack
 		p, stack = wp.value, wp.stack
+	} else {
+		stack = debug.Stack()
 	}
 	s.log.Error("dlockd: panic in a handler, recovered; please report this bug",
 		"where", where, "panic", fmt.Sprint(p), "stack", string(stack))

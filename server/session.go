@@ -235,6 +235,7 @@ type callPacer struct {
 	window time.Duration
 	n      int       // calls read in the current window
 	start  time.Time // the current window's start
+	why    string    // what the limit's log line says
 }
 
 // newCallPacer returns the pacer of rate calls per second (0: none).
@@ -243,7 +244,9 @@ func newCallPacer(rate int) callPacer {
 		return callPacer{}
 	}
 	burst := max(rate/1000, 1)
-	return callPacer{burst: burst, window: max(time.Second*time.Duration(burst)/time.Duration(rate), time.Millisecond)}
+	window := max(time.Second*time.Duration(burst)/time.Duration(rate), time.Millisecond)
+	return callPacer{burst: burst, window: window,
+		why: fmt.Sprintf("a Session stream makes calls faster than %d per %v; reading it more slowly", burst, window)}
 }
 
 // wait returns once the next call may be read, counting limit
@@ -261,7 +264,7 @@ func (p *callPacer) wait(ctx context.Context, closing <-chan struct{}, lim *limi
 		return nil
 	}
 	if d := time.Until(p.start.Add(p.window)); d > 0 {
-		lim.refused(limitSessionRate, fmt.Sprintf("a Session stream makes calls faster than %d per %v; reading it more slowly", p.burst, p.window))
+		lim.refused(limitSessionRate, p.why)
 		t := time.NewTimer(d)
 		select {
 		case <-t.C:
