@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -169,63 +168,6 @@ func RawRedisContended(ctx context.Context, addr string, n int, d time.Duration)
 	}
 	wg.Wait()
 	return w.result("raw-redis", time.Since(start)), ctx.Err()
-}
-
-// handoffs records W2's grants: the gap from each release to the next
-// grant, the longest wait, and each client's grants (for the fairness
-// index).
-type handoffs struct {
-	mu          sync.Mutex
-	lastRelease time.Time
-	gaps        []time.Duration
-	longest     time.Duration
-	perClient   []int
-	errs        atomic.Int64
-}
-
-func newHandoffs(n int) *handoffs { return &handoffs{perClient: make([]int, n)} }
-
-// granted records client i's grant at granted, for a wait begun at asked,
-// and the release that follows at once (the caller releases next).
-func (h *handoffs) granted(i int, asked, granted time.Time) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if !h.lastRelease.IsZero() {
-		h.gaps = append(h.gaps, granted.Sub(h.lastRelease))
-	}
-	h.longest = max(h.longest, granted.Sub(asked))
-	h.perClient[i]++
-	h.lastRelease = time.Now()
-}
-
-func (h *handoffs) result(store string, elapsed time.Duration) Contended {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	total := 0
-	for _, c := range h.perClient {
-		total += c
-	}
-	return Contended{
-		Store: store, Clients: len(h.perClient), HandoffsPerSec: float64(total) / elapsed.Seconds(),
-		GapP50Us: pctUs(h.gaps, 0.50), GapP99Us: pctUs(h.gaps, 0.99),
-		LongestWaitMs: float64(h.longest.Microseconds()) / 1000, Fairness: jain(h.perClient),
-		Errors: h.errs.Load(),
-	}
-}
-
-// jain is Jain's fairness index of the grants per client: (Σx)² / (n·Σx²),
-// 1 when every client was granted as often, 1/n when one client took
-// every grant; 0 when nobody was granted.
-func jain(x []int) float64 {
-	var sum, sq float64
-	for _, v := range x {
-		sum += float64(v)
-		sq += float64(v) * float64(v)
-	}
-	if sq == 0 {
-		return 0
-	}
-	return sum * sum / (float64(len(x)) * sq)
 }
 
 // MeasureLimits measures a loopback TCP round trip (n one-byte ping-pongs

@@ -65,12 +65,6 @@ func (r Report) Markdown(w io.Writer) {
 		}
 		return false
 	}
-	ratio := func(v, base float64) string {
-		if base <= 0 {
-			return ""
-		}
-		return fmt.Sprintf("%.2f×", v/base)
-	}
 	if len(r.Uncontended) > 0 {
 		fmt.Fprintln(w, "### W1 — uncontended acquire+release (each client its own key)")
 		fmt.Fprintln(w)
@@ -87,7 +81,11 @@ func (r Report) Markdown(w io.Writer) {
 		fmt.Fprintln(w, "| store | clients | handoffs/s | × raw Redis | × disk limit | gap p50 | gap p99 | longest wait | fairness | errors |")
 		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 		for _, c := range r.Contended {
-			fmt.Fprintf(w, "| %s | %d | %.0f | %s | %s | %s | %s | %.1f ms | %.2f | %d |\n", storeName(c.Store), c.Clients, c.HandoffsPerSec, ratio(c.HandoffsPerSec, rawW2[c.Clients]), diskRatio(durable(c.Store), c.HandoffsPerSec, lim.HandoffLimit(), ratio), us(c.GapP50Us), us(c.GapP99Us), c.LongestWaitMs, c.Fairness, c.Errors)
+			disk := ""
+			if durable(c.Store) {
+				disk = ratio(c.HandoffsPerSec, lim.HandoffLimit())
+			}
+			fmt.Fprintf(w, "| %s | %d | %.0f | %s | %s | %s | %s | %.1f ms | %.2f | %d |\n", storeName(c.Store), c.Clients, c.HandoffsPerSec, ratio(c.HandoffsPerSec, rawW2[c.Clients]), disk, us(c.GapP50Us), us(c.GapP99Us), c.LongestWaitMs, c.Fairness, c.Errors)
 		}
 		fmt.Fprintln(w)
 	}
@@ -107,12 +105,12 @@ func (r Report) Markdown(w io.Writer) {
 	}
 }
 
-// diskRatio is ratio(v, limit) for a durable store, blank otherwise.
-func diskRatio(durable bool, v, limit float64, ratio func(v, base float64) string) string {
-	if !durable {
+// ratio is v/base as "0.42×", blank when base was not measured.
+func ratio(v, base float64) string {
+	if base <= 0 {
 		return ""
 	}
-	return ratio(v, limit)
+	return fmt.Sprintf("%.2f×", v/base)
 }
 
 func us(v float64) string {
