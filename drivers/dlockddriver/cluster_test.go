@@ -738,17 +738,12 @@ func TestCluster_LeaderWithWrongAdvertise(t *testing.T) {
 	}
 }
 
-// TestClusterProcess_LossWhileWatchReconnects: a force release applied by
-// the new leader while the Driver's Watch stream is still reconnecting
-// (after the leader it watched was killed) reaches no stream; the fence
-// check after the reconnection finds it, and the grant's Lost channel
-// closes, with a reason that says how the loss was found (or the server's,
-// when the member the stream reopened on applied the release later).
-func TestClusterProcess_LossWhileWatchReconnects(t *testing.T) {
-	entered := make(chan struct{})
-	proceed := make(chan struct{})
+// holdFirstCall returns a hook body that holds its first caller until
+// proceed is closed (30 s at most), and entered, closed when it does.
+func holdFirstCall() (hold func(), entered, proceed chan struct{}) {
+	entered, proceed = make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	restore := dlockddriver.SetWatchReopenHook(func() {
+	hold = func() {
 		once.Do(func() {
 			close(entered)
 			select {
@@ -756,7 +751,19 @@ func TestClusterProcess_LossWhileWatchReconnects(t *testing.T) {
 			case <-time.After(30 * time.Second):
 			}
 		})
-	})
+	}
+	return hold, entered, proceed
+}
+
+// TestClusterProcess_LossWhileWatchReconnects: a force release applied by
+// the new leader while the Driver's Watch stream is still reconnecting
+// (after the leader it watched was killed) reaches no stream; the fence
+// check after the reconnection finds it, and the grant's Lost channel
+// closes, with a reason that says how the loss was found (or the server's,
+// when the member the stream reopened on applied the release later).
+func TestClusterProcess_LossWhileWatchReconnects(t *testing.T) {
+	hold, entered, proceed := holdFirstCall()
+	restore := dlockddriver.SetWatchReopenHook(hold)
 	t.Cleanup(restore) // after the Drivers' own clean-ups (LIFO)
 	c, open := startProcCluster(t)
 	d, admin := open(), open()
@@ -811,27 +818,19 @@ func TestClusterProcess_LossWhileWatchReconnects(t *testing.T) {
 // opens before the old one closes: the new leader applies a force release
 // before the Driver's new stream subscribes there, and the old leader, now
 // a follower cut off from the log (its Raft links held), applies it only
-// after the old stream closed. Neither stream hears of it; the fence check after the move finds
-// it, and the grant's Lost channel closes.
+// after the old stream closed. Neither stream hears of it; the fence check
+// after the move finds it, and the grant's Lost channel closes.
 func TestClusterProcess_LossWhileWatchMoves(t *testing.T) {
 	var (
 		session atomic.Pointer[string] // the Driver whose move the hook holds
 		from    atomic.Pointer[string] // the member it holds a move away from
-		entered = make(chan struct{})
-		proceed = make(chan struct{})
-		once    sync.Once
 	)
+	hold, entered, proceed := holdFirstCall()
 	restore := dlockddriver.SetWatchMoveHook(func(s, addr string) {
 		if p, q := session.Load(), from.Load(); p == nil || q == nil || *p != s || *q == addr {
 			return
 		}
-		once.Do(func() {
-			close(entered)
-			select {
-			case <-proceed:
-			case <-time.After(30 * time.Second):
-			}
-		})
+		hold()
 	})
 	t.Cleanup(restore) // after the Drivers' own clean-ups (LIFO)
 	c, open := startProcCluster(t)
