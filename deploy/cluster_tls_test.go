@@ -68,8 +68,9 @@ func TestExampleClusterTLS_DoneWhen(t *testing.T) {
 	// The node configs, with free ports and temporary data directories.
 	var ports [3][2]string
 	var configs [3]string
+	free := freePorts(t, 6)
 	for i := range 3 {
-		ports[i] = [2]string{freePort(t), freePort(t)}
+		ports[i] = [2]string{free[2*i], free[2*i+1]}
 	}
 	for i := range 3 {
 		id := fmt.Sprintf("n%d", i+1)
@@ -269,15 +270,22 @@ func copyFile(t *testing.T, from, to string) {
 	}
 }
 
-// freePort returns a loopback host:port that was free a moment ago.
-func freePort(t *testing.T) string {
+// freePorts returns n distinct loopback host:ports that were free a
+// moment ago. Their listeners stay open until all n are chosen: one closed
+// before the next was asked for could be handed out again (a node's API
+// port was once another's Raft port, and the node could not start).
+func freePorts(t *testing.T, n int) []string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	addrs := make([]string, 0, n)
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		addrs = append(addrs, ln.Addr().String())
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addrs
 }
 
 // tail returns the last n lines of s.

@@ -25,14 +25,24 @@ import (
 // FreePort returns a loopback host:port that was free a moment ago.
 func FreePort(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("servertest: free port: %v", err)
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("servertest: free port: %v", err)
+		}
+		addr := ln.Addr().String()
+		_ = ln.Close()
+		// A port closed here can be handed out again by the next call:
+		// never return one twice in this process (two servers, or one
+		// server's API and Raft ports, would collide).
+		if _, dup := handedOut.LoadOrStore(addr, true); !dup {
+			return addr
+		}
 	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr
 }
+
+// handedOut holds the addresses FreePort returned in this process.
+var handedOut sync.Map
 
 // Config returns a server configuration for tests: free loopback ports,
 // data in dir, fast Raft timings, Raft and server logs discarded.
