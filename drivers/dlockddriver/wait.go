@@ -48,6 +48,9 @@ func (d *Driver) wait(ctx context.Context, req driver.AcquireRequest, k grantKin
 	if err := driver.CheckRequest(req); err != nil {
 		return driver.Grant{}, fmt.Errorf("dlockd: wait: %w", err)
 	}
+	if g, settled, err := d.tryFirst(ctx, req, k); settled {
+		return g, err
+	}
 	for {
 		if d.isClosed() {
 			return driver.Grant{}, driver.ErrClosed
@@ -77,6 +80,54 @@ func (d *Driver) wait(ctx context.Context, req driver.AcquireRequest, k grantKin
 			return driver.Grant{}, err
 		}
 	}
+}
+
+// tryFirst asks for the key with a try-acquire on the Driver's Session
+// stream before Wait opens a Wait stream. A free key (the common case of
+// an uncontended lock) is then granted with one message each way on the
+// stream the Driver keeps open, where a Wait stream costs a stream of its
+// own per acquisition (its headers, window updates and end, several
+// system calls on each side). A refused try costs the server no disk
+// write and takes no place: a key with a queue is never free (a release
+// hands it to the head waiter in the same entry), so trying first cannot
+// overtake a waiter.
+//
+// settled reports that the try decided the acquisition: a grant, or an
+// error that queueing would meet too (an invalid request, a permission or
+// a limit, the end of ctx). It is false when the key is held or in its
+// lock-delay, or when the stream cannot run the call (not open, broken, not
+// the leader's): the caller then queues with the same owner token, and a
+// grant the try may have made before its answer was lost is returned by the
+// wait (the server answers a repeat of the holder's owner token with its
+// grant). The try is bounded as a queue entry's first answer is (the op
+// timeout): a store that does not answer by then is a store error, as it
+// would be for TryAcquire. When ctx ends while the try may have reached the
+// server, what the owner token may hold is released before ctx's error is
+// returned, as Wait does after a cancelled wait.
+func (d *Driver) tryFirst(ctx context.Context, req driver.AcquireRequest, k grantKind) (g driver.Grant, settled bool, err error) {
+	if d.calls.Load() == nil {
+		return driver.Grant{}, false, nil
+	}
+	tctx, cancel := context.WithTimeout(ctx, answerTimeout(ctx))
+	defer cancel()
+	areq := d.acquireReq(req, false, k)
+	sresp, fallback, sent, err := d.invoke(tctx, &dlockv1.SessionRequest{Call: &dlockv1.SessionRequest_Acquire{Acquire: areq}})
+	switch {
+	case err == nil && !fallback:
+		return d.grant(req, sresp.GetAcquire().GetFence()), true, nil
+	case ctx.Err() != nil:
+		if !sent {
+			return driver.Grant{}, true, ctx.Err()
+		}
+		return driver.Grant{}, true, d.releaseRaced(ctx, req)
+	case fallback:
+		return driver.Grant{}, false, nil
+	}
+	merr := mapErr(ctx, "acquire", req.Key, err)
+	if errors.Is(merr, driver.ErrNotAcquired) {
+		return driver.Grant{}, false, nil
+	}
+	return driver.Grant{}, true, merr
 }
 
 // claimMargin is how much longer than the claim window Wait waits for the
