@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"strings"
@@ -435,9 +434,22 @@ func (q *waitQueue) each(f func(w *waiter)) {
 // held, or while its key is in a lock-delay (held by nobody, granted to
 // nobody until opEndDelay); waiters exist only behind one of these (a release
 // hands the key over in the same entry).
+//
+// It is kept small (one 128-byte allocation per held key): what only a key
+// with waiters, Shared grants or a lock-delay needs lives in entryExtra,
+// which every other entry shares read-only (noExtra, see own).
 type lockEntry struct {
-	grant        grant // valid when held
-	held         bool
+	grant grant // valid when held
+	held  bool
+	*entryExtra
+}
+
+// entryExtra is the part of a lockEntry that a plain held key does not
+// use. An entry points at noExtra, shared by all of them and never written,
+// until a write needs its own (lockEntry.own); trim gives it back once it
+// is empty again. Reads need no check: noExtra reads as an empty queue, no
+// Shared grants and no lock-delay.
+type entryExtra struct {
 	delay        time.Duration // when !held: the lock-delay that runs
 	delayVersion uint64        // when !held: index of the entry that started the lock-delay
 	q            waitQueue
@@ -450,6 +462,33 @@ type lockEntry struct {
 	limit int
 	// nsw counts the Shared entries of q.
 	nsw int
+}
+
+// noExtra is the entryExtra of every entry that has no queue, no Shared
+// grant and no lock-delay. Nothing writes to it (check verifies).
+var noExtra = &entryExtra{}
+
+// newLockEntry returns an empty entry.
+func newLockEntry() *lockEntry { return &lockEntry{entryExtra: noExtra} }
+
+// own returns e's own entryExtra, made on first use: call it before any
+// write to delay, delayVersion, q, shared, limit or nsw.
+func (e *lockEntry) own() *entryExtra {
+	if e.entryExtra == noExtra {
+		e.entryExtra = &entryExtra{}
+	}
+	return e.entryExtra
+}
+
+// trim gives back e's own entryExtra when it holds nothing.
+func (e *lockEntry) trim() {
+	if x := e.entryExtra; x != noExtra && x.empty() {
+		e.entryExtra = noExtra
+	}
+}
+
+func (x *entryExtra) empty() bool {
+	return x.delay == 0 && x.delayVersion == 0 && x.q.head == nil && x.q.byOwner == nil && len(x.shared) == 0 && x.limit == 0 && x.nsw == 0
 }
 
 // eventKind is what an applied command did, as told to the server.
@@ -702,7 +741,7 @@ func (f *fsm) apply(idx uint64, c *command, evs []event) (applyResult, []event) 
 			return applyResult{code: resOK}, evs
 		}
 		evs = append(evs, event{kind: evDelayEnded, key: c.key, version: c.version})
-		e.delay, e.delayVersion = 0, 0
+		e.delay, e.delayVersion = 0, 0 // e.delayVersion != 0: e has its own entryExtra
 		var next uint64
 		next, evs = f.grantNext(idx, c.key, e, evs)
 		return applyResult{code: resOK, fence: next}, evs
@@ -787,7 +826,7 @@ func (f *fsm) acquire(idx uint64, c *command, evs []event) (applyResult, []event
 		if f.leases() >= c.maxLeases {
 			return applyResult{code: resTooManyLeases}, evs
 		}
-		e = &lockEntry{}
+		e = newLockEntry()
 		f.locks[c.key] = e
 		f.keys.ReplaceOrInsert(c.key)
 		evs = f.setGrant(idx, c.key, e, waiter{owner: c.owner, holder: f.strs.get(c.holder), session: f.strs.get(c.session), ttl: c.ttl, lockDelay: c.lockDelay}, false, evs)
@@ -827,7 +866,7 @@ func (f *fsm) acquire(idx uint64, c *command, evs []event) (applyResult, []event
 	if c.maxTotalWaiters > 0 && uint64(f.waiting) >= c.maxTotalWaiters {
 		return applyResult{code: resTooManyQueued}, evs
 	}
-	e.q.push(waiter{owner: c.owner, holder: f.strs.get(c.holder), session: f.strs.get(c.session), ttl: c.ttl, lockDelay: c.lockDelay, since: idx})
+	e.own().q.push(waiter{owner: c.owner, holder: f.strs.get(c.holder), session: f.strs.get(c.session), ttl: c.ttl, lockDelay: c.lockDelay, since: idx})
 	f.waiting++
 	evs = append(evs, event{kind: evQueued, key: c.key, owner: c.owner, version: idx})
 	return applyResult{code: resQueued, position: e.q.len()}, evs
@@ -837,7 +876,10 @@ func (f *fsm) acquire(idx uint64, c *command, evs []event) (applyResult, []event
 // (idx, unless a Shared grant took it: nextFence).
 func (f *fsm) setGrant(idx uint64, key string, e *lockEntry, w waiter, handoff bool, evs []event) []event {
 	e.held = true
-	e.delay, e.delayVersion = 0, 0
+	if e.entryExtra != noExtra {
+		e.delay, e.delayVersion = 0, 0
+		e.trim()
+	}
 	fence := f.nextFence(idx)
 	e.grant = grant{owner: w.owner, holder: w.holder, session: w.session, fence: fence, ttl: w.ttl, restartTTL: w.ttl, lockDelay: w.lockDelay, version: idx}
 	return append(evs, event{kind: evGranted, key: key, owner: w.owner, session: w.session, holder: w.holder, fence: fence, ttl: w.ttl, restartTTL: w.ttl, version: idx, handoff: handoff})
@@ -855,7 +897,8 @@ func (f *fsm) endGrant(idx uint64, key string, e *lockEntry, why removeReason, e
 	e.held = false
 	e.grant = grant{}
 	if g.lockDelay > 0 && (why == reasonExpired || why == reasonForced) {
-		e.delay, e.delayVersion = g.lockDelay, idx
+		x := e.own()
+		x.delay, x.delayVersion = g.lockDelay, idx
 		evs = append(evs, event{kind: evDelayed, key: key, ttl: g.lockDelay, version: idx})
 		return 0, evs
 	}
@@ -892,6 +935,8 @@ func (f *fsm) grantNext(idx uint64, key string, e *lockEntry, evs []event) (uint
 	if !e.held && e.delayVersion == 0 && len(e.shared) == 0 && e.q.len() == 0 {
 		delete(f.locks, key)
 		f.keys.Delete(key)
+	} else {
+		e.trim()
 	}
 	return first, evs
 }
@@ -916,6 +961,7 @@ func (f *fsm) cancelWait(idx uint64, key, owner string, releaseGrant bool, evs [
 			// Shared entries now at the head may be granted.
 			_, evs = f.grantNext(idx, key, e, evs)
 		}
+		e.trim()
 		return applyResult{code: resOK, dequeued: true}, evs
 	}
 	if releaseGrant && e.held && e.grant.owner == owner {
@@ -1114,6 +1160,9 @@ func stateLocked(locks map[string]*lockEntry) []event {
 func (f *fsm) check() error {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
+	if !noExtra.empty() {
+		return fmt.Errorf("the shared empty entryExtra was written: %+v", *noExtra)
+	}
 	waiting, nshared, sharedKeys := 0, 0, 0
 	for k, e := range f.locks {
 		if !e.held && e.delayVersion == 0 && len(e.shared) == 0 {
@@ -1167,27 +1216,51 @@ func (f *fsm) check() error {
 	return nil
 }
 
-// Snapshot copies the table; Persist writes it without holding the lock.
+// Snapshot encodes the table, in the snapshot format below, under the read
+// lock (Raft calls it between batches of Apply); Persist writes the bytes
+// without the lock. Encoding at once keeps one copy of the table, in its
+// encoded form (about 110 bytes a plain held key), while Persist runs,
+// not a copy of every entry's structures and then their encoding.
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	s := &fsmSnapshot{applied: f.applied, lastFence: f.lastFence, entries: make([]snapEntry, 0, len(f.locks)), members: f.copyMembers()}
-	for k, e := range f.locks {
-		en := snapEntry{key: k, held: e.held, grant: e.grant, delay: e.delay, delayVersion: e.delayVersion, limit: e.limit}
-		e.q.each(func(w *waiter) { en.waiters = append(en.waiters, *w) })
-		en.shared = sortedShared(e)
-		s.entries = append(s.entries, en)
+	// v3: the table holds nothing that v3 lacks (no Shared grant or
+	// waiter, and no fence above the applied index, which a v3 restore
+	// could not know of), so it is written in v3, which members that
+	// predate Shared grants can read.
+	v3 := f.nshared == 0 && f.lastFence <= f.applied && !f.anySharedWaiter()
+	s := &fsmSnapshot{}
+	e := enc{b: make([]byte, 0, snapshotChunk)}
+	if v3 {
+		e.str(snapshotMagicV3)
+		e.u64(f.applied)
+	} else {
+		e.str(snapshotMagic)
+		e.u64(f.applied)
+		e.u64(f.lastFence)
 	}
-	s.v3 = f.nshared == 0 && f.lastFence <= f.applied && !f.anySharedWaiter()
+	e.u64(uint64(len(f.locks)))
+	for k, en := range f.locks {
+		encodeSnapEntry(&e, k, en, v3)
+		if len(e.b) >= snapshotChunk-1024 {
+			s.chunks = append(s.chunks, e.b)
+			e.b = make([]byte, 0, snapshotChunk)
+		}
+	}
+	e.b = appendMembersSection(e.b, f.members)
+	s.chunks = append(s.chunks, e.b)
 	return s, nil
 }
+
+// snapshotChunk is the size of the buffers a snapshot is encoded in.
+const snapshotChunk = 64 << 10
 
 // Snapshot formats: v1 (held keys and queues), v2 and v3 are still read;
 // v2 adds grant versions, lock-delays and waiting lock-delays, and the
 // applied index; v3 adds each grant's suspect entry and each waiter's
 // since; v4 adds the last fence issued, each key's Shared grants and
 // permit limit, and each waiter's kind (shared.go). A table with nothing
-// that v3 lacks is still written in v3 (fsmSnapshot.v3).
+// that v3 lacks is still written in v3 (see Snapshot).
 const (
 	snapshotMagicV1 = "dlockd-snap-v1"
 	snapshotMagicV2 = "dlockd-snap-v2"
@@ -1195,98 +1268,66 @@ const (
 	snapshotMagic   = "dlockd-snap-v4"
 )
 
-type snapEntry struct {
-	key          string
-	held         bool
-	grant        grant
-	delay        time.Duration
-	delayVersion uint64
-	waiters      []waiter
-	limit        int
-	shared       []grant // by fence
+// encodeSnapEntry writes key's entry e: its state, its Shared grants (not
+// in v3) and its queue.
+func encodeSnapEntry(e *enc, key string, en *lockEntry, v3 bool) {
+	g := &en.grant
+	e.str(key)
+	e.boolean(en.held)
+	e.str(g.owner)
+	e.str(g.holder)
+	e.str(g.session)
+	e.u64(g.fence)
+	e.dur(g.ttl)
+	e.dur(g.lockDelay)
+	e.u64(g.version)
+	e.dur(g.restartTTL)
+	e.boolean(g.suspect)
+	e.dur(g.suspectLeft)
+	e.dur(en.delay)
+	e.u64(en.delayVersion)
+	if !v3 {
+		shared := sortedShared(en) // by fence
+		e.u64(uint64(en.limit))
+		e.u64(uint64(len(shared)))
+		for i := range shared {
+			encodeSharedGrant(e, &shared[i])
+		}
+	}
+	e.u64(uint64(en.q.len()))
+	en.q.each(func(wt *waiter) {
+		e.str(wt.owner)
+		e.str(wt.holder)
+		e.str(wt.session)
+		e.dur(wt.ttl)
+		e.dur(wt.lockDelay)
+		e.u64(wt.since)
+		if !v3 {
+			e.boolean(wt.shared)
+		}
+	})
 }
 
+// fsmSnapshot is an encoded table: magic, applied index (v4: and last
+// fence), count, then per key its state and queue, then the members
+// registry as a trailing section (see appendMembersSection).
 type fsmSnapshot struct {
-	applied   uint64 // index of the last entry the table reflects
-	lastFence uint64 // the greatest fence issued
-	// v3: the table holds nothing that v3 lacks (no Shared grant or
-	// waiter, and no fence above the applied index, which a v3 restore
-	// could not know of), so it is written in v3, which members that
-	// predate Shared grants can read.
-	v3      bool
-	entries []snapEntry
-	members map[string]member // written as a trailing section (see appendMembersSection)
+	chunks [][]byte
 }
 
-// Persist writes the table: magic, count, then per key its state and queue.
+// Persist writes the encoded table.
 func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
-	w := bufio.NewWriterSize(sink, 1<<16)
-	e := enc{b: make([]byte, 0, 4096)}
-	if s.v3 {
-		e.str(snapshotMagicV3)
-		e.u64(s.applied)
-	} else {
-		e.str(snapshotMagic)
-		e.u64(s.applied)
-		e.u64(s.lastFence)
-	}
-	e.u64(uint64(len(s.entries)))
-	for _, en := range s.entries {
-		e.str(en.key)
-		e.boolean(en.held)
-		e.str(en.grant.owner)
-		e.str(en.grant.holder)
-		e.str(en.grant.session)
-		e.u64(en.grant.fence)
-		e.dur(en.grant.ttl)
-		e.dur(en.grant.lockDelay)
-		e.u64(en.grant.version)
-		e.dur(en.grant.restartTTL)
-		e.boolean(en.grant.suspect)
-		e.dur(en.grant.suspectLeft)
-		e.dur(en.delay)
-		e.u64(en.delayVersion)
-		if !s.v3 {
-			e.u64(uint64(en.limit))
-			e.u64(uint64(len(en.shared)))
-			for i := range en.shared {
-				encodeSharedGrant(&e, &en.shared[i])
-			}
+	for _, b := range s.chunks {
+		if _, err := sink.Write(b); err != nil {
+			_ = sink.Cancel()
+			return err
 		}
-		e.u64(uint64(len(en.waiters)))
-		for _, wt := range en.waiters {
-			e.str(wt.owner)
-			e.str(wt.holder)
-			e.str(wt.session)
-			e.dur(wt.ttl)
-			e.dur(wt.lockDelay)
-			e.u64(wt.since)
-			if !s.v3 {
-				e.boolean(wt.shared)
-			}
-		}
-		if len(e.b) > 1<<15 {
-			if _, err := w.Write(e.b); err != nil {
-				_ = sink.Cancel()
-				return err
-			}
-			e.b = e.b[:0]
-		}
-	}
-	e.b = appendMembersSection(e.b, s.members)
-	if _, err := w.Write(e.b); err != nil {
-		_ = sink.Cancel()
-		return err
-	}
-	if err := w.Flush(); err != nil {
-		_ = sink.Cancel()
-		return err
 	}
 	return sink.Close()
 }
 
-// Release does nothing: the snapshot holds only copies.
-func (s *fsmSnapshot) Release() {}
+// Release drops the encoded table.
+func (s *fsmSnapshot) Release() { s.chunks = nil }
 
 // Restore replaces the table with a snapshot's, and the applied index with
 // the snapshot's.
@@ -1350,7 +1391,8 @@ func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, wa
 	locks = make(map[string]*lockEntry, n)
 	for i := uint64(0); i < n && d.err == nil; i++ {
 		key := d.str()
-		e := &lockEntry{held: true}
+		e := newLockEntry()
+		e.held = true
 		if v2 {
 			e.held = d.boolean()
 		}
@@ -1366,8 +1408,10 @@ func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, wa
 					return nil, strs, 0, 0, 0, errCorrupt
 				}
 			}
-			e.delay = d.dur()
-			e.delayVersion = d.u64()
+			if delay, version := d.dur(), d.u64(); delay != 0 || version != 0 {
+				x := e.own()
+				x.delay, x.delayVersion = delay, version
+			}
 		} else {
 			e.grant.version = e.grant.fence
 			e.grant.restartTTL = e.grant.ttl
@@ -1403,10 +1447,11 @@ func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, wa
 			if e.q.find(w.owner) != nil || e.shared[w.owner] != nil {
 				return nil, strs, 0, 0, 0, errCorrupt
 			}
+			x := e.own()
 			if w.shared {
-				e.nsw++
+				x.nsw++
 			}
-			e.q.push(w)
+			x.q.push(w)
 		}
 		waiting += e.q.len()
 		if _, dup := locks[key]; dup {

@@ -59,13 +59,14 @@ func (f *fsm) nextFence(idx uint64) uint64 {
 }
 
 func (f *fsm) addShared(e *lockEntry, g *grant) {
-	if e.shared == nil {
-		e.shared = make(map[string]*grant)
+	x := e.own()
+	if x.shared == nil {
+		x.shared = make(map[string]*grant)
 	}
-	if len(e.shared) == 0 {
+	if len(x.shared) == 0 {
 		f.sharedKeys++
 	}
-	e.shared[g.owner] = g
+	x.shared[g.owner] = g
 	f.nshared++
 }
 
@@ -81,6 +82,7 @@ func (f *fsm) dropShared(e *lockEntry, owner string) {
 		if e.nsw == 0 {
 			e.limit = 0
 		}
+		e.trim()
 	}
 }
 
@@ -107,7 +109,8 @@ func (f *fsm) acquireShared(idx uint64, c *command, e *lockEntry, evs []event) (
 		if f.leases() >= c.maxLeases {
 			return applyResult{code: resTooManyLeases}, evs
 		}
-		e = &lockEntry{limit: limit}
+		e = newLockEntry()
+		e.own().limit = limit
 		f.locks[c.key] = e
 		f.keys.ReplaceOrInsert(c.key)
 		w := newWaiter()
@@ -144,7 +147,7 @@ func (f *fsm) acquireShared(idx uint64, c *command, e *lockEntry, evs []event) (
 		if f.leases() >= c.maxLeases {
 			return applyResult{code: resTooManyLeases}, evs
 		}
-		e.limit = limit
+		e.own().limit = limit
 		w := newWaiter()
 		w.since = 0
 		var fence uint64
@@ -163,9 +166,10 @@ func (f *fsm) acquireShared(idx uint64, c *command, e *lockEntry, evs []event) (
 	if c.maxTotalWaiters > 0 && uint64(f.waiting) >= c.maxTotalWaiters {
 		return applyResult{code: resTooManyQueued}, evs
 	}
-	e.limit = limit
-	e.q.push(newWaiter())
-	e.nsw++
+	x := e.own()
+	x.limit = limit
+	x.q.push(newWaiter())
+	x.nsw++
 	f.waiting++
 	evs = append(evs, event{kind: evQueued, key: c.key, owner: c.owner, version: idx})
 	return applyResult{code: resQueued, position: e.q.len()}, evs
@@ -240,7 +244,8 @@ func (f *fsm) forceReleaseShared(idx uint64, key string, e *lockEntry, evs []eve
 		f.dropShared(e, g.owner)
 	}
 	if delay > 0 {
-		e.delay, e.delayVersion = delay, idx
+		x := e.own()
+		x.delay, x.delayVersion = delay, idx
 		evs = append(evs, event{kind: evDelayed, key: key, ttl: delay, version: idx})
 		return applyResult{code: resOK, removed: removed, nremoved: n}, evs
 	}
@@ -409,7 +414,9 @@ func decodeSharedEntry(d *dec, e *lockEntry, strs interner) error {
 	if limit > MaxPermits || n > uint64(len(d.b)) || (limit > 0 && n > limit) {
 		return errCorrupt
 	}
-	e.limit = int(limit)
+	if limit != 0 || n != 0 {
+		e.own().limit = int(limit)
+	}
 	for i := uint64(0); i < n && d.err == nil; i++ {
 		g := &grant{owner: d.str(), holder: strs.get(d.str()), session: strs.get(d.str()), fence: d.u64(), ttl: d.dur(), lockDelay: d.dur(), version: d.u64(), restartTTL: d.dur(), suspect: d.boolean(), suspectLeft: d.dur(), delayed: d.boolean()}
 		if d.err != nil {
