@@ -321,9 +321,10 @@ type applyResult struct {
 
 // grant is the holder of a key.
 type grant struct {
-	owner     string
-	holder    string
-	session   string
+	owner string
+	// p is the client's holder text and session, shared by its grants
+	// and queue entries (interner): read them with holder and session.
+	p         *party
 	fence     uint64
 	ttl       time.Duration
 	lockDelay time.Duration // the key's lock-delay after a loss of this grant
@@ -336,7 +337,8 @@ type grant struct {
 	// grant went unrenewed for part of its TTL, with suspectLeft, the time
 	// its countdown had left then. A new leader restarts the countdown at
 	// suspectLeft instead of restartTTL. Cleared by the next version.
-	suspect     bool
+	// (suspect is declared last, beside delayed: the two bools share a
+	// word, which keeps a grant at 80 bytes and a lockEntry at 96.)
 	suspectLeft time.Duration
 	// delayed, for a Shared grant only: the grant was lost without a
 	// release (expiry, claim window) and its lock-delay runs, from
@@ -344,13 +346,13 @@ type grant struct {
 	// taken and no Exclusive grant is made, so that the lost holder's
 	// in-flight writes land first. Holder and session are cleared.
 	delayed bool
+	suspect bool
 }
 
 // waiter is one queue entry.
 type waiter struct {
 	owner     string
-	holder    string
-	session   string
+	p         *party // holder text and session, as grant.p
 	ttl       time.Duration
 	lockDelay time.Duration
 	// since is the index of the entry that queued the owner or last
@@ -435,7 +437,7 @@ func (q *waitQueue) each(f func(w *waiter)) {
 // nobody until opEndDelay); waiters exist only behind one of these (a release
 // hands the key over in the same entry).
 //
-// It is kept small (one 128-byte allocation per held key): what only a key
+// It is kept small (one 96-byte allocation per held key): what only a key
 // with waiters, Shared grants or a lock-delay needs lives in entryExtra,
 // which every other entry shares read-only (noExtra, see own).
 type lockEntry struct {
@@ -602,41 +604,72 @@ func newFSM(obs observer) *fsm {
 	return &fsm{obs: obs, members: make(map[string]member), locks: make(map[string]*lockEntry), keys: newKeyIndex(), strs: newInterner(), appliedWake: make(chan struct{})}
 }
 
-// interner shares equal strings (holder texts and sessions repeat across a
-// client's grants) with a reference count, so the table does not keep one
-// copy per grant. It is part of the FSM, changed only by Apply and Restore.
-type interner struct{ m map[string]*internRef }
-
-type internRef struct {
-	s string
-	n int
+// party is a client's holder text and session, which repeat across its
+// grants and queue entries: the table keeps one copy, counted (interner).
+type party struct {
+	holder, session string
+	n               int // the grants and queue entries that use it
 }
 
-func newInterner() interner { return interner{m: make(map[string]*internRef)} }
+// holder returns the grant's holder text ("" when none).
+func (g *grant) holder() string { return g.p.holderText() }
 
-// get returns the shared copy of s and counts one more user.
-func (in interner) get(s string) string {
-	if s == "" {
+// session returns the grant's session ("" when none).
+func (g *grant) session() string { return g.p.sessionID() }
+
+// holder returns the queue entry's holder text ("" when none).
+func (w *waiter) holder() string { return w.p.holderText() }
+
+// session returns the queue entry's session ("" when none).
+func (w *waiter) session() string { return w.p.sessionID() }
+
+func (p *party) holderText() string {
+	if p == nil {
 		return ""
 	}
-	r := in.m[s]
-	if r == nil {
-		r = &internRef{s: s}
-		in.m[s] = r
-	}
-	r.n++
-	return r.s
+	return p.holder
 }
 
-// put counts one user less of s.
-func (in interner) put(s string) {
-	if s == "" {
+func (p *party) sessionID() string {
+	if p == nil {
+		return ""
+	}
+	return p.session
+}
+
+// interner shares equal (holder, session) pairs (a client's repeat across
+// its grants) with a reference count, so the table does not keep one copy
+// per grant, and a grant points at its pair with one word instead of two
+// strings. It is part of the FSM, changed only by Apply and Restore.
+type interner struct{ m map[partyKey]*party }
+
+type partyKey struct{ holder, session string }
+
+func newInterner() interner { return interner{m: make(map[partyKey]*party)} }
+
+// get returns the shared pair (holder, session), nil when both are empty,
+// and counts one more user.
+func (in interner) get(holder, session string) *party {
+	if holder == "" && session == "" {
+		return nil
+	}
+	k := partyKey{holder, session}
+	p := in.m[k]
+	if p == nil {
+		p = &party{holder: holder, session: session}
+		in.m[k] = p
+	}
+	p.n++
+	return p
+}
+
+// put counts one user less of p.
+func (in interner) put(p *party) {
+	if p == nil {
 		return
 	}
-	if r := in.m[s]; r != nil {
-		if r.n--; r.n <= 0 {
-			delete(in.m, s)
-		}
+	if p.n--; p.n <= 0 {
+		delete(in.m, partyKey{p.holder, p.session})
 	}
 }
 
@@ -782,7 +815,7 @@ func (f *fsm) apply(idx uint64, c *command, evs []event) (applyResult, []event) 
 			}
 			if g != nil && x.version != 0 && x.version == g.version && x.left > 0 {
 				g.suspect, g.suspectLeft = true, x.left
-				evs = append(evs, event{kind: evSuspect, key: x.key, owner: x.owner, session: g.session, fence: g.fence, ttl: x.left, version: x.version, shared: g != &e.grant})
+				evs = append(evs, event{kind: evSuspect, key: x.key, owner: x.owner, session: g.session(), fence: g.fence, ttl: x.left, version: x.version, shared: g != &e.grant})
 			}
 		}
 		return applyResult{code: resOK}, evs
@@ -814,7 +847,7 @@ func restartGrant(idx uint64, key string, g *grant, shared bool, ttl time.Durati
 	g.restartTTL = max(g.restartTTL, ttl)
 	g.version = idx
 	g.suspect, g.suspectLeft = false, 0
-	return append(evs, event{kind: evTTL, key: key, owner: g.owner, session: g.session, fence: g.fence, ttl: ttl, restartTTL: g.restartTTL, version: idx, shared: shared})
+	return append(evs, event{kind: evTTL, key: key, owner: g.owner, session: g.session(), fence: g.fence, ttl: ttl, restartTTL: g.restartTTL, version: idx, shared: shared})
 }
 
 func (f *fsm) acquire(idx uint64, c *command, evs []event) (applyResult, []event) {
@@ -829,7 +862,7 @@ func (f *fsm) acquire(idx uint64, c *command, evs []event) (applyResult, []event
 		e = newLockEntry()
 		f.locks[c.key] = e
 		f.keys.ReplaceOrInsert(c.key)
-		evs = f.setGrant(idx, c.key, e, waiter{owner: c.owner, holder: f.strs.get(c.holder), session: f.strs.get(c.session), ttl: c.ttl, lockDelay: c.lockDelay}, false, evs)
+		evs = f.setGrant(idx, c.key, e, waiter{owner: c.owner, p: f.strs.get(c.holder, c.session), ttl: c.ttl, lockDelay: c.lockDelay}, false, evs)
 		return applyResult{code: resGranted, fence: e.grant.fence, ttl: c.ttl}, evs
 	}
 	if e.held && e.grant.owner == c.owner {
@@ -866,7 +899,7 @@ func (f *fsm) acquire(idx uint64, c *command, evs []event) (applyResult, []event
 	if c.maxTotalWaiters > 0 && uint64(f.waiting) >= c.maxTotalWaiters {
 		return applyResult{code: resTooManyQueued}, evs
 	}
-	e.own().q.push(waiter{owner: c.owner, holder: f.strs.get(c.holder), session: f.strs.get(c.session), ttl: c.ttl, lockDelay: c.lockDelay, since: idx})
+	e.own().q.push(waiter{owner: c.owner, p: f.strs.get(c.holder, c.session), ttl: c.ttl, lockDelay: c.lockDelay, since: idx})
 	f.waiting++
 	evs = append(evs, event{kind: evQueued, key: c.key, owner: c.owner, version: idx})
 	return applyResult{code: resQueued, position: e.q.len()}, evs
@@ -881,8 +914,8 @@ func (f *fsm) setGrant(idx uint64, key string, e *lockEntry, w waiter, handoff b
 		e.trim()
 	}
 	fence := f.nextFence(idx)
-	e.grant = grant{owner: w.owner, holder: w.holder, session: w.session, fence: fence, ttl: w.ttl, restartTTL: w.ttl, lockDelay: w.lockDelay, version: idx}
-	return append(evs, event{kind: evGranted, key: key, owner: w.owner, session: w.session, holder: w.holder, fence: fence, ttl: w.ttl, restartTTL: w.ttl, version: idx, handoff: handoff})
+	e.grant = grant{owner: w.owner, p: w.p, fence: fence, ttl: w.ttl, restartTTL: w.ttl, lockDelay: w.lockDelay, version: idx}
+	return append(evs, event{kind: evGranted, key: key, owner: w.owner, session: w.session(), holder: w.holder(), fence: fence, ttl: w.ttl, restartTTL: w.ttl, version: idx, handoff: handoff})
 }
 
 // endGrant ends the grant of e. After a loss without a release (expiry,
@@ -891,9 +924,8 @@ func (f *fsm) setGrant(idx uint64, key string, e *lockEntry, w waiter, handoff b
 // the new fence, or 0 when nobody was granted.
 func (f *fsm) endGrant(idx uint64, key string, e *lockEntry, why removeReason, evs []event) (uint64, []event) {
 	g := e.grant
-	evs = append(evs, event{kind: evRemoved, key: key, owner: g.owner, session: g.session, holder: g.holder, fence: g.fence, ttl: g.ttl, version: g.version, reason: why})
-	f.strs.put(g.holder)
-	f.strs.put(g.session)
+	evs = append(evs, event{kind: evRemoved, key: key, owner: g.owner, session: g.session(), holder: g.holder(), fence: g.fence, ttl: g.ttl, version: g.version, reason: why})
+	f.strs.put(g.p)
 	e.held = false
 	e.grant = grant{}
 	if g.lockDelay > 0 && (why == reasonExpired || why == reasonForced) {
@@ -951,9 +983,8 @@ func (f *fsm) cancelWait(idx uint64, key, owner string, releaseGrant bool, evs [
 	if n := e.q.find(owner); n != nil {
 		e.q.remove(n)
 		f.waiting--
-		f.strs.put(n.holder)
-		f.strs.put(n.session)
-		evs = append(evs, event{kind: evDequeued, key: key, owner: owner, session: n.session})
+		f.strs.put(n.p)
+		evs = append(evs, event{kind: evDequeued, key: key, owner: owner, session: n.session()})
 		if n.shared {
 			e.nsw--
 		} else if e.nsw > 0 {
@@ -1138,7 +1169,7 @@ func stateLocked(locks map[string]*lockEntry) []event {
 		switch {
 		case e.held:
 			g := &e.grant
-			out = append(out, event{kind: evGranted, key: k, owner: g.owner, session: g.session, holder: g.holder, fence: g.fence, ttl: g.ttl, restartTTL: g.restartTTL, version: g.version, suspect: g.suspect, left: g.suspectLeft})
+			out = append(out, event{kind: evGranted, key: k, owner: g.owner, session: g.session(), holder: g.holder(), fence: g.fence, ttl: g.ttl, restartTTL: g.restartTTL, version: g.version, suspect: g.suspect, left: g.suspectLeft})
 		case e.delayVersion != 0:
 			out = append(out, event{kind: evDelayed, key: k, ttl: e.delay, version: e.delayVersion})
 		}
@@ -1147,7 +1178,7 @@ func stateLocked(locks map[string]*lockEntry) []event {
 				out = append(out, event{kind: evDelayed, key: k, owner: g.owner, ttl: g.lockDelay, version: g.version, shared: true})
 				continue
 			}
-			out = append(out, event{kind: evGranted, key: k, owner: g.owner, session: g.session, holder: g.holder, fence: g.fence, ttl: g.ttl, restartTTL: g.restartTTL, version: g.version, suspect: g.suspect, left: g.suspectLeft, shared: true})
+			out = append(out, event{kind: evGranted, key: k, owner: g.owner, session: g.session(), holder: g.holder(), fence: g.fence, ttl: g.ttl, restartTTL: g.restartTTL, version: g.version, suspect: g.suspect, left: g.suspectLeft, shared: true})
 		}
 	}
 	return out
@@ -1275,8 +1306,8 @@ func encodeSnapEntry(e *enc, key string, en *lockEntry, v3 bool) {
 	e.str(key)
 	e.boolean(en.held)
 	e.str(g.owner)
-	e.str(g.holder)
-	e.str(g.session)
+	e.str(g.holder())
+	e.str(g.session())
 	e.u64(g.fence)
 	e.dur(g.ttl)
 	e.dur(g.lockDelay)
@@ -1297,8 +1328,8 @@ func encodeSnapEntry(e *enc, key string, en *lockEntry, v3 bool) {
 	e.u64(uint64(en.q.len()))
 	en.q.each(func(wt *waiter) {
 		e.str(wt.owner)
-		e.str(wt.holder)
-		e.str(wt.session)
+		e.str(wt.holder())
+		e.str(wt.session())
 		e.dur(wt.ttl)
 		e.dur(wt.lockDelay)
 		e.u64(wt.since)
@@ -1396,7 +1427,7 @@ func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, wa
 		if v2 {
 			e.held = d.boolean()
 		}
-		e.grant = grant{owner: d.str(), holder: strs.get(d.str()), session: strs.get(d.str()), fence: d.u64(), ttl: d.dur()}
+		e.grant = grant{owner: d.str(), p: strs.get(d.str(), d.str()), fence: d.u64(), ttl: d.dur()}
 		if v2 {
 			e.grant.lockDelay = d.dur()
 			e.grant.version = d.u64()
@@ -1425,8 +1456,7 @@ func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, wa
 			return nil, strs, 0, 0, 0, errCorrupt
 		}
 		if !e.held {
-			strs.put(e.grant.holder)
-			strs.put(e.grant.session)
+			strs.put(e.grant.p)
 			e.grant = grant{}
 		}
 		nw := d.u64()
@@ -1434,7 +1464,7 @@ func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, wa
 			return nil, strs, 0, 0, 0, errCorrupt
 		}
 		for j := uint64(0); j < nw && d.err == nil; j++ {
-			w := waiter{owner: d.str(), holder: strs.get(d.str()), session: strs.get(d.str()), ttl: d.dur()}
+			w := waiter{owner: d.str(), p: strs.get(d.str(), d.str()), ttl: d.dur()}
 			if v2 {
 				w.lockDelay = d.dur()
 			}
