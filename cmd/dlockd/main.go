@@ -39,6 +39,11 @@
 // dlockd --config /etc/dlockd/dlockd.yaml; deploy/examples/cluster-tls has
 // a 3-node cluster's files.
 //
+// Memory: once allocation has been quiet for --release-memory-after
+// (default 5s; 0: off), dlockd returns to the OS the heap a burst of
+// requests left free (memory.go); --gc-percent (or GOGC) and GOMEMLIMIT
+// are Go's own settings.
+//
 // Logs go to stderr in one format (--log-format text or json) at one level
 // (--log-level), Raft's included. dlockd --version prints the build (the
 // line of dlock version, naming dlockd); dlockd --help prints the flags. Exit status:
