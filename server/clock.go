@@ -11,8 +11,10 @@ import (
 // lock-delay. Deadlines are read from the monotonic clock of this process
 // and never leave it.
 //
-// There is one per held key, so it stays small: deadlines are nanoseconds
-// since the clock's epoch, and strings are shared with the FSM.
+// There is one per held key, so it stays small (112 bytes: keep it so when
+// adding a field; TestMemory_HeapPerLease bounds it): deadlines are
+// nanoseconds since the clock's epoch, strings are shared with the FSM,
+// and the attributes fixed at its making are bits of attrs.
 type lease struct {
 	key      string
 	owner    string // "" for a lock-delay
@@ -26,25 +28,53 @@ type lease struct {
 	// checkAt is when the leader next looks at the grant for suspicion:
 	// its last renewal + suspectAfter while not suspect, its next
 	// checkpoint while suspect; 0 for a lock-delay.
-	checkAt    int64
-	loggedLeft time.Duration // with logged: the time left the FSM's suspect entry for version holds
-	idx        int32         // index in the heap, -1 when not in it
-	expiring   bool          // an entry that ends it has been proposed
-	delay      bool          // a lock-delay countdown
+	checkAt int64
+	// loggedLeft > 0: the FSM holds a suspect entry for version, with
+	// the time left it logged (see logged).
+	loggedLeft time.Duration
+	idx        int32 // index in the heap, -1 when not in it
+	expiring   bool  // an entry that ends it has been proposed
+	delay      bool  // a lock-delay countdown
 	// suspect: the leader no longer acknowledges renewals of the grant
 	// from memory; they go through the log (see the package doc, Suspect
 	// leases). Cleared only by an applied logged renewal (evTTL), or by a
 	// new term of leadership whose table holds no suspect entry for it.
 	suspect bool
-	logged  bool // the FSM holds a suspect entry for version (loggedLeft set)
-	// restored: the countdown came from a snapshot (reset) or from an
-	// entry replayed after a restart, so granted is then, not the grant:
-	// the grant is older than it says.
-	restored bool
-	// shared: the countdown of a Shared grant, or of the lock-delay of a
-	// lost one (owner set), kept in leaseClock.shared by (key, owner).
-	shared bool
+	attrs   leaseAttrs
 }
+
+// leaseAttrs are the attributes of a countdown fixed when it is made.
+type leaseAttrs uint8
+
+const (
+	// leaseRestored: the countdown came from a snapshot (reset) or from
+	// an entry replayed after a restart, so granted is then, not the
+	// grant: the grant is older than it says.
+	leaseRestored leaseAttrs = 1 << iota
+	// leaseShared: the countdown of a Shared grant, or of the lock-delay
+	// of a lost one (owner set), kept in leaseClock.shared by (key, owner).
+	leaseShared
+)
+
+// attrsOf returns the attributes of a countdown.
+func attrsOf(restored, shared bool) leaseAttrs {
+	var a leaseAttrs
+	if restored {
+		a |= leaseRestored
+	}
+	if shared {
+		a |= leaseShared
+	}
+	return a
+}
+
+func (l *lease) restored() bool { return l.attrs&leaseRestored != 0 }
+func (l *lease) shared() bool   { return l.attrs&leaseShared != 0 }
+
+// logged reports whether the FSM holds a suspect entry for the
+// countdown's version (whose time left is loggedLeft, always > 0: the FSM
+// logs no suspect mark without time left).
+func (l *lease) logged() bool { return l.loggedLeft > 0 }
 
 // suspectAfter is how long, in nanoseconds, a grant of TTL ttl may go
 // unrenewed before the leader marks it suspect: 2/5 of the TTL, past the
@@ -181,7 +211,7 @@ func (c *leaseClock) poke() {
 // put replaces key's countdown (for a Shared one, key's and owner's)
 // with l, with c.mu held.
 func (c *leaseClock) put(l *lease) {
-	if l.shared {
+	if l.shared() {
 		ko := keyOwner{l.key, l.owner}
 		if old := c.shared[ko]; old != nil && old.idx >= 0 {
 			heap.Remove(&c.heap, int(old.idx))
@@ -202,7 +232,7 @@ func (c *leaseClock) drop(l *lease) {
 	if l.idx >= 0 {
 		heap.Remove(&c.heap, int(l.idx))
 	}
-	if l.shared {
+	if l.shared() {
 		delete(c.shared, keyOwner{l.key, l.owner})
 		return
 	}
@@ -226,14 +256,14 @@ func (c *leaseClock) apply(evs []event) {
 		ev := &evs[i]
 		switch ev.kind {
 		case evGranted:
-			l := &lease{key: ev.key, owner: ev.owner, fence: ev.fence, ttl: ev.ttl, restart: max(ev.restartTTL, ev.ttl), version: ev.version, deadline: now + int64(ev.ttl), checkAt: now + suspectAfter(ev.ttl), granted: now, restored: ev.version <= c.replayTo, shared: ev.shared}
+			l := &lease{key: ev.key, owner: ev.owner, fence: ev.fence, ttl: ev.ttl, restart: max(ev.restartTTL, ev.ttl), version: ev.version, deadline: now + int64(ev.ttl), checkAt: now + suspectAfter(ev.ttl), granted: now, attrs: attrsOf(ev.version <= c.replayTo, ev.shared)}
 			if ev.handoff && c.claimWindow > 0 {
 				l.claimBy = now + int64(c.claimWindow)
 			}
 			c.put(l)
 		case evRemoved:
 			if l := c.grantLease(ev.key, ev.owner, ev.shared); l != nil {
-				if c.ended != nil && !l.restored {
+				if c.ended != nil && !l.restored() {
 					c.ended(time.Duration(now - l.granted))
 				}
 				c.drop(l)
@@ -255,18 +285,18 @@ func (c *leaseClock) apply(evs []event) {
 				l.checkAt = now + suspectAfter(ev.ttl)
 				l.claimBy = 0
 				l.expiring = false
-				l.suspect, l.logged, l.loggedLeft = false, false, 0
+				l.suspect, l.loggedLeft = false, 0
 				c.fix(l)
 			}
 		case evSuspect:
 			// The table now holds the grant's time left: a new leader
 			// restarts the countdown with it. The leader that logged it
 			// marked the grant suspect already.
-			if l := c.grantLease(ev.key, ev.owner, ev.shared); l != nil && l.version == ev.version {
-				l.logged, l.loggedLeft = true, ev.ttl
+			if l := c.grantLease(ev.key, ev.owner, ev.shared); l != nil && l.version == ev.version && ev.ttl > 0 {
+				l.loggedLeft = ev.ttl
 			}
 		case evDelayed:
-			c.put(&lease{key: ev.key, owner: ev.owner, ttl: ev.ttl, version: ev.version, deadline: now + int64(ev.ttl), delay: true, shared: ev.shared})
+			c.put(&lease{key: ev.key, owner: ev.owner, ttl: ev.ttl, version: ev.version, deadline: now + int64(ev.ttl), delay: true, attrs: attrsOf(false, ev.shared)})
 		case evDelayEnded:
 			l := c.byKey[ev.key]
 			if ev.shared {
@@ -291,7 +321,7 @@ func (l *lease) restartAt(now int64) {
 	case l.delay:
 		l.deadline = now + int64(l.ttl)
 		l.checkAt = 0
-	case l.logged:
+	case l.logged():
 		l.deadline = now + int64(l.loggedLeft)
 		l.suspect = true
 		l.checkAt = now + checkpointEvery(l.ttl)
@@ -313,9 +343,9 @@ func (c *leaseClock) reset(state []event) {
 	c.shared = make(map[keyOwner]*lease)
 	c.heap = make(leaseHeap, 0, len(state))
 	for _, ev := range state {
-		l := &lease{key: ev.key, owner: ev.owner, fence: ev.fence, ttl: ev.ttl, restart: max(ev.restartTTL, ev.ttl), version: ev.version, idx: int32(len(c.heap)), delay: ev.kind == evDelayed, granted: now, restored: true, shared: ev.shared}
-		if ev.suspect {
-			l.logged, l.loggedLeft = true, ev.left
+		l := &lease{key: ev.key, owner: ev.owner, fence: ev.fence, ttl: ev.ttl, restart: max(ev.restartTTL, ev.ttl), version: ev.version, idx: int32(len(c.heap)), delay: ev.kind == evDelayed, granted: now, attrs: attrsOf(true, ev.shared)}
+		if ev.suspect && ev.left > 0 {
+			l.loggedLeft = ev.left
 		}
 		l.restartAt(now)
 		if ev.shared {
@@ -427,7 +457,7 @@ func (c *leaseClock) held(key, owner string, fence uint64) (age, left time.Durat
 	if l == nil || l.fence != fence {
 		return 0, 0, false, false
 	}
-	return time.Duration(max(now-l.granted, 0)), time.Duration(max(l.deadline-now, 0)), l.restored, true
+	return time.Duration(max(now-l.granted, 0)), time.Duration(max(l.deadline-now, 0)), l.restored(), true
 }
 
 // delayRemaining returns the time left on key's lock-delay, if one runs.

@@ -642,7 +642,7 @@ type holderOut struct {
 }
 
 func (s *Server) describe(v holderView) holderOut {
-	h := holderOut{key: v.key, fence: v.grant.fence, holder: v.grant.holder, ttl: v.grant.ttl, waiters: v.waiters}
+	h := holderOut{key: v.key, fence: v.grant.fence, holder: v.grant.holder(), ttl: v.grant.ttl, waiters: v.waiters}
 	if !v.held {
 		h.delayLeft, _ = s.clock.delayRemaining(v.key)
 		for _, o := range v.lostOwners { // only lost Shared grants: the longest of their lock-delays
@@ -789,6 +789,6 @@ func (s *Server) forceRelease(key, reason string) (holderOut, uint64, error) {
 	}
 	g := r.removed
 	s.lockMetrics.forceReleased.Add(float64(max(r.nremoved, 1)))
-	s.log.Info("dlockd: grant force-released", "key", key, "fence", g.fence, "holder", g.holder, "reason", reason, "next_fence", r.fence, "grants", max(r.nremoved, 1))
-	return holderOut{key: key, fence: g.fence, holder: g.holder, ttl: g.ttl, removedGrants: r.nremoved}, r.fence, nil
+	s.log.Info("dlockd: grant force-released", "key", key, "fence", g.fence, "holder", g.holder(), "reason", reason, "next_fence", r.fence, "grants", max(r.nremoved, 1))
+	return holderOut{key: key, fence: g.fence, holder: g.holder(), ttl: g.ttl, removedGrants: r.nremoved}, r.fence, nil
 }

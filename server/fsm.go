@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"strings"
@@ -322,9 +321,10 @@ type applyResult struct {
 
 // grant is the holder of a key.
 type grant struct {
-	owner     string
-	holder    string
-	session   string
+	owner string
+	// p is the client's holder text and session, shared by its grants
+	// and queue entries (interner): read them with holder and session.
+	p         *party
 	fence     uint64
 	ttl       time.Duration
 	lockDelay time.Duration // the key's lock-delay after a loss of this grant
@@ -337,7 +337,8 @@ type grant struct {
 	// grant went unrenewed for part of its TTL, with suspectLeft, the time
 	// its countdown had left then. A new leader restarts the countdown at
 	// suspectLeft instead of restartTTL. Cleared by the next version.
-	suspect     bool
+	// (suspect is declared last, beside delayed: the two bools share a
+	// word, which keeps a grant at 80 bytes and a lockEntry at 96.)
 	suspectLeft time.Duration
 	// delayed, for a Shared grant only: the grant was lost without a
 	// release (expiry, claim window) and its lock-delay runs, from
@@ -345,13 +346,13 @@ type grant struct {
 	// taken and no Exclusive grant is made, so that the lost holder's
 	// in-flight writes land first. Holder and session are cleared.
 	delayed bool
+	suspect bool
 }
 
 // waiter is one queue entry.
 type waiter struct {
 	owner     string
-	holder    string
-	session   string
+	p         *party // holder text and session, as grant.p
 	ttl       time.Duration
 	lockDelay time.Duration
 	// since is the index of the entry that queued the owner or last
@@ -435,9 +436,22 @@ func (q *waitQueue) each(f func(w *waiter)) {
 // held, or while its key is in a lock-delay (held by nobody, granted to
 // nobody until opEndDelay); waiters exist only behind one of these (a release
 // hands the key over in the same entry).
+//
+// It is kept small (one 96-byte allocation per held key): what only a key
+// with waiters, Shared grants or a lock-delay needs lives in entryExtra,
+// which every other entry shares read-only (noExtra, see own).
 type lockEntry struct {
-	grant        grant // valid when held
-	held         bool
+	grant grant // valid when held
+	held  bool
+	*entryExtra
+}
+
+// entryExtra is the part of a lockEntry that a plain held key does not
+// use. An entry points at noExtra, shared by all of them and never written,
+// until a write needs its own (lockEntry.own); trim gives it back once it
+// is empty again. Reads need no check: noExtra reads as an empty queue, no
+// Shared grants and no lock-delay.
+type entryExtra struct {
 	delay        time.Duration // when !held: the lock-delay that runs
 	delayVersion uint64        // when !held: index of the entry that started the lock-delay
 	q            waitQueue
@@ -450,6 +464,33 @@ type lockEntry struct {
 	limit int
 	// nsw counts the Shared entries of q.
 	nsw int
+}
+
+// noExtra is the entryExtra of every entry that has no queue, no Shared
+// grant and no lock-delay. Nothing writes to it (check verifies).
+var noExtra = &entryExtra{}
+
+// newLockEntry returns an empty entry.
+func newLockEntry() *lockEntry { return &lockEntry{entryExtra: noExtra} }
+
+// own returns e's own entryExtra, made on first use: call it before any
+// write to delay, delayVersion, q, shared, limit or nsw.
+func (e *lockEntry) own() *entryExtra {
+	if e.entryExtra == noExtra {
+		e.entryExtra = &entryExtra{}
+	}
+	return e.entryExtra
+}
+
+// trim gives back e's own entryExtra when it holds nothing.
+func (e *lockEntry) trim() {
+	if x := e.entryExtra; x != noExtra && x.empty() {
+		e.entryExtra = noExtra
+	}
+}
+
+func (x *entryExtra) empty() bool {
+	return x.delay == 0 && x.delayVersion == 0 && x.q.head == nil && x.q.byOwner == nil && len(x.shared) == 0 && x.limit == 0 && x.nsw == 0
 }
 
 // eventKind is what an applied command did, as told to the server.
@@ -563,41 +604,72 @@ func newFSM(obs observer) *fsm {
 	return &fsm{obs: obs, members: make(map[string]member), locks: make(map[string]*lockEntry), keys: newKeyIndex(), strs: newInterner(), appliedWake: make(chan struct{})}
 }
 
-// interner shares equal strings (holder texts and sessions repeat across a
-// client's grants) with a reference count, so the table does not keep one
-// copy per grant. It is part of the FSM, changed only by Apply and Restore.
-type interner struct{ m map[string]*internRef }
-
-type internRef struct {
-	s string
-	n int
+// party is a client's holder text and session, which repeat across its
+// grants and queue entries: the table keeps one copy, counted (interner).
+type party struct {
+	holder, session string
+	n               int // the grants and queue entries that use it
 }
 
-func newInterner() interner { return interner{m: make(map[string]*internRef)} }
+// holder returns the grant's holder text ("" when none).
+func (g *grant) holder() string { return g.p.holderText() }
 
-// get returns the shared copy of s and counts one more user.
-func (in interner) get(s string) string {
-	if s == "" {
+// session returns the grant's session ("" when none).
+func (g *grant) session() string { return g.p.sessionID() }
+
+// holder returns the queue entry's holder text ("" when none).
+func (w *waiter) holder() string { return w.p.holderText() }
+
+// session returns the queue entry's session ("" when none).
+func (w *waiter) session() string { return w.p.sessionID() }
+
+func (p *party) holderText() string {
+	if p == nil {
 		return ""
 	}
-	r := in.m[s]
-	if r == nil {
-		r = &internRef{s: s}
-		in.m[s] = r
-	}
-	r.n++
-	return r.s
+	return p.holder
 }
 
-// put counts one user less of s.
-func (in interner) put(s string) {
-	if s == "" {
+func (p *party) sessionID() string {
+	if p == nil {
+		return ""
+	}
+	return p.session
+}
+
+// interner shares equal (holder, session) pairs (a client's repeat across
+// its grants) with a reference count, so the table does not keep one copy
+// per grant, and a grant points at its pair with one word instead of two
+// strings. It is part of the FSM, changed only by Apply and Restore.
+type interner struct{ m map[partyKey]*party }
+
+type partyKey struct{ holder, session string }
+
+func newInterner() interner { return interner{m: make(map[partyKey]*party)} }
+
+// get returns the shared pair (holder, session), nil when both are empty,
+// and counts one more user.
+func (in interner) get(holder, session string) *party {
+	if holder == "" && session == "" {
+		return nil
+	}
+	k := partyKey{holder, session}
+	p := in.m[k]
+	if p == nil {
+		p = &party{holder: holder, session: session}
+		in.m[k] = p
+	}
+	p.n++
+	return p
+}
+
+// put counts one user less of p.
+func (in interner) put(p *party) {
+	if p == nil {
 		return
 	}
-	if r := in.m[s]; r != nil {
-		if r.n--; r.n <= 0 {
-			delete(in.m, s)
-		}
+	if p.n--; p.n <= 0 {
+		delete(in.m, partyKey{p.holder, p.session})
 	}
 }
 
@@ -702,7 +774,7 @@ func (f *fsm) apply(idx uint64, c *command, evs []event) (applyResult, []event) 
 			return applyResult{code: resOK}, evs
 		}
 		evs = append(evs, event{kind: evDelayEnded, key: c.key, version: c.version})
-		e.delay, e.delayVersion = 0, 0
+		e.delay, e.delayVersion = 0, 0 // e.delayVersion != 0: e has its own entryExtra
 		var next uint64
 		next, evs = f.grantNext(idx, c.key, e, evs)
 		return applyResult{code: resOK, fence: next}, evs
@@ -743,7 +815,7 @@ func (f *fsm) apply(idx uint64, c *command, evs []event) (applyResult, []event) 
 			}
 			if g != nil && x.version != 0 && x.version == g.version && x.left > 0 {
 				g.suspect, g.suspectLeft = true, x.left
-				evs = append(evs, event{kind: evSuspect, key: x.key, owner: x.owner, session: g.session, fence: g.fence, ttl: x.left, version: x.version, shared: g != &e.grant})
+				evs = append(evs, event{kind: evSuspect, key: x.key, owner: x.owner, session: g.session(), fence: g.fence, ttl: x.left, version: x.version, shared: g != &e.grant})
 			}
 		}
 		return applyResult{code: resOK}, evs
@@ -775,7 +847,7 @@ func restartGrant(idx uint64, key string, g *grant, shared bool, ttl time.Durati
 	g.restartTTL = max(g.restartTTL, ttl)
 	g.version = idx
 	g.suspect, g.suspectLeft = false, 0
-	return append(evs, event{kind: evTTL, key: key, owner: g.owner, session: g.session, fence: g.fence, ttl: ttl, restartTTL: g.restartTTL, version: idx, shared: shared})
+	return append(evs, event{kind: evTTL, key: key, owner: g.owner, session: g.session(), fence: g.fence, ttl: ttl, restartTTL: g.restartTTL, version: idx, shared: shared})
 }
 
 func (f *fsm) acquire(idx uint64, c *command, evs []event) (applyResult, []event) {
@@ -787,10 +859,10 @@ func (f *fsm) acquire(idx uint64, c *command, evs []event) (applyResult, []event
 		if f.leases() >= c.maxLeases {
 			return applyResult{code: resTooManyLeases}, evs
 		}
-		e = &lockEntry{}
+		e = newLockEntry()
 		f.locks[c.key] = e
 		f.keys.ReplaceOrInsert(c.key)
-		evs = f.setGrant(idx, c.key, e, waiter{owner: c.owner, holder: f.strs.get(c.holder), session: f.strs.get(c.session), ttl: c.ttl, lockDelay: c.lockDelay}, false, evs)
+		evs = f.setGrant(idx, c.key, e, waiter{owner: c.owner, p: f.strs.get(c.holder, c.session), ttl: c.ttl, lockDelay: c.lockDelay}, false, evs)
 		return applyResult{code: resGranted, fence: e.grant.fence, ttl: c.ttl}, evs
 	}
 	if e.held && e.grant.owner == c.owner {
@@ -827,7 +899,7 @@ func (f *fsm) acquire(idx uint64, c *command, evs []event) (applyResult, []event
 	if c.maxTotalWaiters > 0 && uint64(f.waiting) >= c.maxTotalWaiters {
 		return applyResult{code: resTooManyQueued}, evs
 	}
-	e.q.push(waiter{owner: c.owner, holder: f.strs.get(c.holder), session: f.strs.get(c.session), ttl: c.ttl, lockDelay: c.lockDelay, since: idx})
+	e.own().q.push(waiter{owner: c.owner, p: f.strs.get(c.holder, c.session), ttl: c.ttl, lockDelay: c.lockDelay, since: idx})
 	f.waiting++
 	evs = append(evs, event{kind: evQueued, key: c.key, owner: c.owner, version: idx})
 	return applyResult{code: resQueued, position: e.q.len()}, evs
@@ -837,10 +909,13 @@ func (f *fsm) acquire(idx uint64, c *command, evs []event) (applyResult, []event
 // (idx, unless a Shared grant took it: nextFence).
 func (f *fsm) setGrant(idx uint64, key string, e *lockEntry, w waiter, handoff bool, evs []event) []event {
 	e.held = true
-	e.delay, e.delayVersion = 0, 0
+	if e.entryExtra != noExtra {
+		e.delay, e.delayVersion = 0, 0
+		e.trim()
+	}
 	fence := f.nextFence(idx)
-	e.grant = grant{owner: w.owner, holder: w.holder, session: w.session, fence: fence, ttl: w.ttl, restartTTL: w.ttl, lockDelay: w.lockDelay, version: idx}
-	return append(evs, event{kind: evGranted, key: key, owner: w.owner, session: w.session, holder: w.holder, fence: fence, ttl: w.ttl, restartTTL: w.ttl, version: idx, handoff: handoff})
+	e.grant = grant{owner: w.owner, p: w.p, fence: fence, ttl: w.ttl, restartTTL: w.ttl, lockDelay: w.lockDelay, version: idx}
+	return append(evs, event{kind: evGranted, key: key, owner: w.owner, session: w.session(), holder: w.holder(), fence: fence, ttl: w.ttl, restartTTL: w.ttl, version: idx, handoff: handoff})
 }
 
 // endGrant ends the grant of e. After a loss without a release (expiry,
@@ -849,13 +924,13 @@ func (f *fsm) setGrant(idx uint64, key string, e *lockEntry, w waiter, handoff b
 // the new fence, or 0 when nobody was granted.
 func (f *fsm) endGrant(idx uint64, key string, e *lockEntry, why removeReason, evs []event) (uint64, []event) {
 	g := e.grant
-	evs = append(evs, event{kind: evRemoved, key: key, owner: g.owner, session: g.session, holder: g.holder, fence: g.fence, ttl: g.ttl, version: g.version, reason: why})
-	f.strs.put(g.holder)
-	f.strs.put(g.session)
+	evs = append(evs, event{kind: evRemoved, key: key, owner: g.owner, session: g.session(), holder: g.holder(), fence: g.fence, ttl: g.ttl, version: g.version, reason: why})
+	f.strs.put(g.p)
 	e.held = false
 	e.grant = grant{}
 	if g.lockDelay > 0 && (why == reasonExpired || why == reasonForced) {
-		e.delay, e.delayVersion = g.lockDelay, idx
+		x := e.own()
+		x.delay, x.delayVersion = g.lockDelay, idx
 		evs = append(evs, event{kind: evDelayed, key: key, ttl: g.lockDelay, version: idx})
 		return 0, evs
 	}
@@ -892,6 +967,8 @@ func (f *fsm) grantNext(idx uint64, key string, e *lockEntry, evs []event) (uint
 	if !e.held && e.delayVersion == 0 && len(e.shared) == 0 && e.q.len() == 0 {
 		delete(f.locks, key)
 		f.keys.Delete(key)
+	} else {
+		e.trim()
 	}
 	return first, evs
 }
@@ -906,9 +983,8 @@ func (f *fsm) cancelWait(idx uint64, key, owner string, releaseGrant bool, evs [
 	if n := e.q.find(owner); n != nil {
 		e.q.remove(n)
 		f.waiting--
-		f.strs.put(n.holder)
-		f.strs.put(n.session)
-		evs = append(evs, event{kind: evDequeued, key: key, owner: owner, session: n.session})
+		f.strs.put(n.p)
+		evs = append(evs, event{kind: evDequeued, key: key, owner: owner, session: n.session()})
 		if n.shared {
 			e.nsw--
 		} else if e.nsw > 0 {
@@ -916,6 +992,7 @@ func (f *fsm) cancelWait(idx uint64, key, owner string, releaseGrant bool, evs [
 			// Shared entries now at the head may be granted.
 			_, evs = f.grantNext(idx, key, e, evs)
 		}
+		e.trim()
 		return applyResult{code: resOK, dequeued: true}, evs
 	}
 	if releaseGrant && e.held && e.grant.owner == owner {
@@ -1092,7 +1169,7 @@ func stateLocked(locks map[string]*lockEntry) []event {
 		switch {
 		case e.held:
 			g := &e.grant
-			out = append(out, event{kind: evGranted, key: k, owner: g.owner, session: g.session, holder: g.holder, fence: g.fence, ttl: g.ttl, restartTTL: g.restartTTL, version: g.version, suspect: g.suspect, left: g.suspectLeft})
+			out = append(out, event{kind: evGranted, key: k, owner: g.owner, session: g.session(), holder: g.holder(), fence: g.fence, ttl: g.ttl, restartTTL: g.restartTTL, version: g.version, suspect: g.suspect, left: g.suspectLeft})
 		case e.delayVersion != 0:
 			out = append(out, event{kind: evDelayed, key: k, ttl: e.delay, version: e.delayVersion})
 		}
@@ -1101,7 +1178,7 @@ func stateLocked(locks map[string]*lockEntry) []event {
 				out = append(out, event{kind: evDelayed, key: k, owner: g.owner, ttl: g.lockDelay, version: g.version, shared: true})
 				continue
 			}
-			out = append(out, event{kind: evGranted, key: k, owner: g.owner, session: g.session, holder: g.holder, fence: g.fence, ttl: g.ttl, restartTTL: g.restartTTL, version: g.version, suspect: g.suspect, left: g.suspectLeft, shared: true})
+			out = append(out, event{kind: evGranted, key: k, owner: g.owner, session: g.session(), holder: g.holder(), fence: g.fence, ttl: g.ttl, restartTTL: g.restartTTL, version: g.version, suspect: g.suspect, left: g.suspectLeft, shared: true})
 		}
 	}
 	return out
@@ -1114,6 +1191,9 @@ func stateLocked(locks map[string]*lockEntry) []event {
 func (f *fsm) check() error {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
+	if !noExtra.empty() {
+		return fmt.Errorf("the shared empty entryExtra was written: %+v", *noExtra)
+	}
 	waiting, nshared, sharedKeys := 0, 0, 0
 	for k, e := range f.locks {
 		if !e.held && e.delayVersion == 0 && len(e.shared) == 0 {
@@ -1167,27 +1247,51 @@ func (f *fsm) check() error {
 	return nil
 }
 
-// Snapshot copies the table; Persist writes it without holding the lock.
+// Snapshot encodes the table, in the snapshot format below, under the read
+// lock (Raft calls it between batches of Apply); Persist writes the bytes
+// without the lock. Encoding at once keeps one copy of the table, in its
+// encoded form (about 110 bytes a plain held key), while Persist runs,
+// not a copy of every entry's structures and then their encoding.
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	s := &fsmSnapshot{applied: f.applied, lastFence: f.lastFence, entries: make([]snapEntry, 0, len(f.locks)), members: f.copyMembers()}
-	for k, e := range f.locks {
-		en := snapEntry{key: k, held: e.held, grant: e.grant, delay: e.delay, delayVersion: e.delayVersion, limit: e.limit}
-		e.q.each(func(w *waiter) { en.waiters = append(en.waiters, *w) })
-		en.shared = sortedShared(e)
-		s.entries = append(s.entries, en)
+	// v3: the table holds nothing that v3 lacks (no Shared grant or
+	// waiter, and no fence above the applied index, which a v3 restore
+	// could not know of), so it is written in v3, which members that
+	// predate Shared grants can read.
+	v3 := f.nshared == 0 && f.lastFence <= f.applied && !f.anySharedWaiter()
+	s := &fsmSnapshot{}
+	e := enc{b: make([]byte, 0, snapshotChunk)}
+	if v3 {
+		e.str(snapshotMagicV3)
+		e.u64(f.applied)
+	} else {
+		e.str(snapshotMagic)
+		e.u64(f.applied)
+		e.u64(f.lastFence)
 	}
-	s.v3 = f.nshared == 0 && f.lastFence <= f.applied && !f.anySharedWaiter()
+	e.u64(uint64(len(f.locks)))
+	for k, en := range f.locks {
+		encodeSnapEntry(&e, k, en, v3)
+		if len(e.b) >= snapshotChunk-1024 {
+			s.chunks = append(s.chunks, e.b)
+			e.b = make([]byte, 0, snapshotChunk)
+		}
+	}
+	e.b = appendMembersSection(e.b, f.members)
+	s.chunks = append(s.chunks, e.b)
 	return s, nil
 }
+
+// snapshotChunk is the size of the buffers a snapshot is encoded in.
+const snapshotChunk = 64 << 10
 
 // Snapshot formats: v1 (held keys and queues), v2 and v3 are still read;
 // v2 adds grant versions, lock-delays and waiting lock-delays, and the
 // applied index; v3 adds each grant's suspect entry and each waiter's
 // since; v4 adds the last fence issued, each key's Shared grants and
 // permit limit, and each waiter's kind (shared.go). A table with nothing
-// that v3 lacks is still written in v3 (fsmSnapshot.v3).
+// that v3 lacks is still written in v3 (see Snapshot).
 const (
 	snapshotMagicV1 = "dlockd-snap-v1"
 	snapshotMagicV2 = "dlockd-snap-v2"
@@ -1195,98 +1299,66 @@ const (
 	snapshotMagic   = "dlockd-snap-v4"
 )
 
-type snapEntry struct {
-	key          string
-	held         bool
-	grant        grant
-	delay        time.Duration
-	delayVersion uint64
-	waiters      []waiter
-	limit        int
-	shared       []grant // by fence
+// encodeSnapEntry writes key's entry e: its state, its Shared grants (not
+// in v3) and its queue.
+func encodeSnapEntry(e *enc, key string, en *lockEntry, v3 bool) {
+	g := &en.grant
+	e.str(key)
+	e.boolean(en.held)
+	e.str(g.owner)
+	e.str(g.holder())
+	e.str(g.session())
+	e.u64(g.fence)
+	e.dur(g.ttl)
+	e.dur(g.lockDelay)
+	e.u64(g.version)
+	e.dur(g.restartTTL)
+	e.boolean(g.suspect)
+	e.dur(g.suspectLeft)
+	e.dur(en.delay)
+	e.u64(en.delayVersion)
+	if !v3 {
+		shared := sortedShared(en) // by fence
+		e.u64(uint64(en.limit))
+		e.u64(uint64(len(shared)))
+		for i := range shared {
+			encodeSharedGrant(e, &shared[i])
+		}
+	}
+	e.u64(uint64(en.q.len()))
+	en.q.each(func(wt *waiter) {
+		e.str(wt.owner)
+		e.str(wt.holder())
+		e.str(wt.session())
+		e.dur(wt.ttl)
+		e.dur(wt.lockDelay)
+		e.u64(wt.since)
+		if !v3 {
+			e.boolean(wt.shared)
+		}
+	})
 }
 
+// fsmSnapshot is an encoded table: magic, applied index (v4: and last
+// fence), count, then per key its state and queue, then the members
+// registry as a trailing section (see appendMembersSection).
 type fsmSnapshot struct {
-	applied   uint64 // index of the last entry the table reflects
-	lastFence uint64 // the greatest fence issued
-	// v3: the table holds nothing that v3 lacks (no Shared grant or
-	// waiter, and no fence above the applied index, which a v3 restore
-	// could not know of), so it is written in v3, which members that
-	// predate Shared grants can read.
-	v3      bool
-	entries []snapEntry
-	members map[string]member // written as a trailing section (see appendMembersSection)
+	chunks [][]byte
 }
 
-// Persist writes the table: magic, count, then per key its state and queue.
+// Persist writes the encoded table.
 func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
-	w := bufio.NewWriterSize(sink, 1<<16)
-	e := enc{b: make([]byte, 0, 4096)}
-	if s.v3 {
-		e.str(snapshotMagicV3)
-		e.u64(s.applied)
-	} else {
-		e.str(snapshotMagic)
-		e.u64(s.applied)
-		e.u64(s.lastFence)
-	}
-	e.u64(uint64(len(s.entries)))
-	for _, en := range s.entries {
-		e.str(en.key)
-		e.boolean(en.held)
-		e.str(en.grant.owner)
-		e.str(en.grant.holder)
-		e.str(en.grant.session)
-		e.u64(en.grant.fence)
-		e.dur(en.grant.ttl)
-		e.dur(en.grant.lockDelay)
-		e.u64(en.grant.version)
-		e.dur(en.grant.restartTTL)
-		e.boolean(en.grant.suspect)
-		e.dur(en.grant.suspectLeft)
-		e.dur(en.delay)
-		e.u64(en.delayVersion)
-		if !s.v3 {
-			e.u64(uint64(en.limit))
-			e.u64(uint64(len(en.shared)))
-			for i := range en.shared {
-				encodeSharedGrant(&e, &en.shared[i])
-			}
+	for _, b := range s.chunks {
+		if _, err := sink.Write(b); err != nil {
+			_ = sink.Cancel()
+			return err
 		}
-		e.u64(uint64(len(en.waiters)))
-		for _, wt := range en.waiters {
-			e.str(wt.owner)
-			e.str(wt.holder)
-			e.str(wt.session)
-			e.dur(wt.ttl)
-			e.dur(wt.lockDelay)
-			e.u64(wt.since)
-			if !s.v3 {
-				e.boolean(wt.shared)
-			}
-		}
-		if len(e.b) > 1<<15 {
-			if _, err := w.Write(e.b); err != nil {
-				_ = sink.Cancel()
-				return err
-			}
-			e.b = e.b[:0]
-		}
-	}
-	e.b = appendMembersSection(e.b, s.members)
-	if _, err := w.Write(e.b); err != nil {
-		_ = sink.Cancel()
-		return err
-	}
-	if err := w.Flush(); err != nil {
-		_ = sink.Cancel()
-		return err
 	}
 	return sink.Close()
 }
 
-// Release does nothing: the snapshot holds only copies.
-func (s *fsmSnapshot) Release() {}
+// Release drops the encoded table.
+func (s *fsmSnapshot) Release() { s.chunks = nil }
 
 // Restore replaces the table with a snapshot's, and the applied index with
 // the snapshot's.
@@ -1350,11 +1422,12 @@ func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, wa
 	locks = make(map[string]*lockEntry, n)
 	for i := uint64(0); i < n && d.err == nil; i++ {
 		key := d.str()
-		e := &lockEntry{held: true}
+		e := newLockEntry()
+		e.held = true
 		if v2 {
 			e.held = d.boolean()
 		}
-		e.grant = grant{owner: d.str(), holder: strs.get(d.str()), session: strs.get(d.str()), fence: d.u64(), ttl: d.dur()}
+		e.grant = grant{owner: d.str(), p: strs.get(d.str(), d.str()), fence: d.u64(), ttl: d.dur()}
 		if v2 {
 			e.grant.lockDelay = d.dur()
 			e.grant.version = d.u64()
@@ -1366,8 +1439,10 @@ func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, wa
 					return nil, strs, 0, 0, 0, errCorrupt
 				}
 			}
-			e.delay = d.dur()
-			e.delayVersion = d.u64()
+			if delay, version := d.dur(), d.u64(); delay != 0 || version != 0 {
+				x := e.own()
+				x.delay, x.delayVersion = delay, version
+			}
 		} else {
 			e.grant.version = e.grant.fence
 			e.grant.restartTTL = e.grant.ttl
@@ -1381,8 +1456,7 @@ func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, wa
 			return nil, strs, 0, 0, 0, errCorrupt
 		}
 		if !e.held {
-			strs.put(e.grant.holder)
-			strs.put(e.grant.session)
+			strs.put(e.grant.p)
 			e.grant = grant{}
 		}
 		nw := d.u64()
@@ -1390,7 +1464,7 @@ func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, wa
 			return nil, strs, 0, 0, 0, errCorrupt
 		}
 		for j := uint64(0); j < nw && d.err == nil; j++ {
-			w := waiter{owner: d.str(), holder: strs.get(d.str()), session: strs.get(d.str()), ttl: d.dur()}
+			w := waiter{owner: d.str(), p: strs.get(d.str(), d.str()), ttl: d.dur()}
 			if v2 {
 				w.lockDelay = d.dur()
 			}
@@ -1403,10 +1477,11 @@ func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, wa
 			if e.q.find(w.owner) != nil || e.shared[w.owner] != nil {
 				return nil, strs, 0, 0, 0, errCorrupt
 			}
+			x := e.own()
 			if w.shared {
-				e.nsw++
+				x.nsw++
 			}
-			e.q.push(w)
+			x.q.push(w)
 		}
 		waiting += e.q.len()
 		if _, dup := locks[key]; dup {

@@ -198,12 +198,12 @@ func dump(f *fsm) string {
 	var b bytes.Buffer
 	for _, k := range keys {
 		e := f.locks[k]
-		fmt.Fprintf(&b, "%q held=%v %+v delay=%v/%d", k, e.held, e.grant, e.delay, e.delayVersion)
-		e.q.each(func(w *waiter) { fmt.Fprintf(&b, " %+v", *w) })
+		fmt.Fprintf(&b, "%q held=%v %s delay=%v/%d", k, e.held, grantText(&e.grant), e.delay, e.delayVersion)
+		e.q.each(func(w *waiter) { fmt.Fprintf(&b, " %s", waiterText(w)) })
 		if len(e.shared) > 0 || e.nsw > 0 {
 			fmt.Fprintf(&b, " limit=%d nsw=%d", e.limit, e.nsw)
 			for _, g := range sortedShared(e) {
-				fmt.Fprintf(&b, " shared%+v", g)
+				fmt.Fprintf(&b, " shared%s", grantText(&g))
 			}
 		}
 		b.WriteString("\n")
@@ -218,6 +218,21 @@ func dump(f *fsm) string {
 	}
 	fmt.Fprintf(&b, "waiting=%d fenceAhead=%d shared=%d/%d\n", f.waiting, ahead, f.nshared, f.sharedKeys)
 	return b.String()
+}
+
+// grantText prints g with its holder and session (not the address of
+// their shared pair).
+func grantText(g *grant) string {
+	c := *g
+	c.p = nil
+	return fmt.Sprintf("%+v holder=%q session=%q", c, g.holder(), g.session())
+}
+
+// waiterText prints w as grantText prints a grant.
+func waiterText(w *waiter) string {
+	c := *w
+	c.p = nil
+	return fmt.Sprintf("%+v holder=%q session=%q", c, w.holder(), w.session())
 }
 
 type memSink struct {
@@ -340,7 +355,7 @@ func TestFSM_InternerCountsUsers(t *testing.T) {
 		c.holder, c.session = "host:1", "session-1"
 		h.apply(c)
 	}
-	if r := h.f.strs.m["host:1"]; r == nil || r.n != 4 {
+	if r := h.f.strs.m[partyKey{"host:1", "session-1"}]; r == nil || r.n != 4 {
 		t.Fatalf("holder refs = %+v, want 4", r)
 	}
 	h.apply(command{op: opCancelWait, key: "k", owner: "o2"})

@@ -59,13 +59,14 @@ func (f *fsm) nextFence(idx uint64) uint64 {
 }
 
 func (f *fsm) addShared(e *lockEntry, g *grant) {
-	if e.shared == nil {
-		e.shared = make(map[string]*grant)
+	x := e.own()
+	if x.shared == nil {
+		x.shared = make(map[string]*grant)
 	}
-	if len(e.shared) == 0 {
+	if len(x.shared) == 0 {
 		f.sharedKeys++
 	}
-	e.shared[g.owner] = g
+	x.shared[g.owner] = g
 	f.nshared++
 }
 
@@ -81,6 +82,7 @@ func (f *fsm) dropShared(e *lockEntry, owner string) {
 		if e.nsw == 0 {
 			e.limit = 0
 		}
+		e.trim()
 	}
 }
 
@@ -88,9 +90,9 @@ func (f *fsm) dropShared(e *lockEntry, owner string) {
 // fence, and returns the fence.
 func (f *fsm) grantShared(idx uint64, key string, e *lockEntry, w waiter, handoff bool, evs []event) (uint64, []event) {
 	fence := f.nextFence(idx)
-	g := &grant{owner: w.owner, holder: w.holder, session: w.session, fence: fence, ttl: w.ttl, restartTTL: w.ttl, lockDelay: w.lockDelay, version: idx}
+	g := &grant{owner: w.owner, p: w.p, fence: fence, ttl: w.ttl, restartTTL: w.ttl, lockDelay: w.lockDelay, version: idx}
 	f.addShared(e, g)
-	return fence, append(evs, event{kind: evGranted, key: key, owner: w.owner, session: w.session, holder: w.holder, fence: fence, ttl: w.ttl, restartTTL: w.ttl, version: idx, handoff: handoff, shared: true})
+	return fence, append(evs, event{kind: evGranted, key: key, owner: w.owner, session: w.session(), holder: w.holder(), fence: fence, ttl: w.ttl, restartTTL: w.ttl, version: idx, handoff: handoff, shared: true})
 }
 
 // acquireShared is acquire for a Shared grant (c.shared, of c.limit
@@ -101,13 +103,14 @@ func (f *fsm) grantShared(idx uint64, key string, e *lockEntry, w waiter, handof
 func (f *fsm) acquireShared(idx uint64, c *command, e *lockEntry, evs []event) (applyResult, []event) {
 	limit := int(c.limit)
 	newWaiter := func() waiter {
-		return waiter{owner: c.owner, holder: f.strs.get(c.holder), session: f.strs.get(c.session), ttl: c.ttl, lockDelay: c.lockDelay, since: idx, shared: true}
+		return waiter{owner: c.owner, p: f.strs.get(c.holder, c.session), ttl: c.ttl, lockDelay: c.lockDelay, since: idx, shared: true}
 	}
 	if e == nil {
 		if f.leases() >= c.maxLeases {
 			return applyResult{code: resTooManyLeases}, evs
 		}
-		e = &lockEntry{limit: limit}
+		e = newLockEntry()
+		e.own().limit = limit
 		f.locks[c.key] = e
 		f.keys.ReplaceOrInsert(c.key)
 		w := newWaiter()
@@ -144,7 +147,7 @@ func (f *fsm) acquireShared(idx uint64, c *command, e *lockEntry, evs []event) (
 		if f.leases() >= c.maxLeases {
 			return applyResult{code: resTooManyLeases}, evs
 		}
-		e.limit = limit
+		e.own().limit = limit
 		w := newWaiter()
 		w.since = 0
 		var fence uint64
@@ -163,9 +166,10 @@ func (f *fsm) acquireShared(idx uint64, c *command, e *lockEntry, evs []event) (
 	if c.maxTotalWaiters > 0 && uint64(f.waiting) >= c.maxTotalWaiters {
 		return applyResult{code: resTooManyQueued}, evs
 	}
-	e.limit = limit
-	e.q.push(newWaiter())
-	e.nsw++
+	x := e.own()
+	x.limit = limit
+	x.q.push(newWaiter())
+	x.nsw++
 	f.waiting++
 	evs = append(evs, event{kind: evQueued, key: c.key, owner: c.owner, version: idx})
 	return applyResult{code: resQueued, position: e.q.len()}, evs
@@ -176,9 +180,8 @@ func (f *fsm) acquireShared(idx uint64, c *command, e *lockEntry, evs []event) (
 // opEndSharedDelay; otherwise it is removed and the waiters it held back
 // are granted (grantNext). It returns the first new fence, or 0.
 func (f *fsm) endShared(idx uint64, key string, e *lockEntry, g *grant, why removeReason, evs []event) (uint64, []event) {
-	evs = append(evs, event{kind: evRemoved, key: key, owner: g.owner, session: g.session, holder: g.holder, fence: g.fence, ttl: g.ttl, version: g.version, reason: why, shared: true})
-	f.strs.put(g.holder)
-	f.strs.put(g.session)
+	evs = append(evs, event{kind: evRemoved, key: key, owner: g.owner, session: g.session(), holder: g.holder(), fence: g.fence, ttl: g.ttl, version: g.version, reason: why, shared: true})
+	f.strs.put(g.p)
 	if g.lockDelay > 0 && why == reasonExpired {
 		*g = grant{owner: g.owner, fence: g.fence, lockDelay: g.lockDelay, version: idx, delayed: true}
 		return 0, append(evs, event{kind: evDelayed, key: key, owner: g.owner, ttl: g.lockDelay, version: idx, shared: true})
@@ -232,15 +235,15 @@ func (f *fsm) forceReleaseShared(idx uint64, key string, e *lockEntry, evs []eve
 			if removed.fence == 0 {
 				removed = *g
 			}
-			evs = append(evs, event{kind: evRemoved, key: key, owner: g.owner, session: g.session, holder: g.holder, fence: g.fence, ttl: g.ttl, version: g.version, reason: reasonForced, shared: true})
-			f.strs.put(g.holder)
-			f.strs.put(g.session)
+			evs = append(evs, event{kind: evRemoved, key: key, owner: g.owner, session: g.session(), holder: g.holder(), fence: g.fence, ttl: g.ttl, version: g.version, reason: reasonForced, shared: true})
+			f.strs.put(g.p)
 			delay = max(delay, g.lockDelay)
 		}
 		f.dropShared(e, g.owner)
 	}
 	if delay > 0 {
-		e.delay, e.delayVersion = delay, idx
+		x := e.own()
+		x.delay, x.delayVersion = delay, idx
 		evs = append(evs, event{kind: evDelayed, key: key, ttl: delay, version: idx})
 		return applyResult{code: resOK, removed: removed, nremoved: n}, evs
 	}
@@ -386,8 +389,8 @@ func (f *fsm) checkShared(k string, e *lockEntry) error {
 // encodeSharedGrant writes one Shared grant of a snapshot (v4).
 func encodeSharedGrant(e *enc, g *grant) {
 	e.str(g.owner)
-	e.str(g.holder)
-	e.str(g.session)
+	e.str(g.holder())
+	e.str(g.session())
 	e.u64(g.fence)
 	e.dur(g.ttl)
 	e.dur(g.lockDelay)
@@ -409,9 +412,11 @@ func decodeSharedEntry(d *dec, e *lockEntry, strs interner) error {
 	if limit > MaxPermits || n > uint64(len(d.b)) || (limit > 0 && n > limit) {
 		return errCorrupt
 	}
-	e.limit = int(limit)
+	if limit != 0 || n != 0 {
+		e.own().limit = int(limit)
+	}
 	for i := uint64(0); i < n && d.err == nil; i++ {
-		g := &grant{owner: d.str(), holder: strs.get(d.str()), session: strs.get(d.str()), fence: d.u64(), ttl: d.dur(), lockDelay: d.dur(), version: d.u64(), restartTTL: d.dur(), suspect: d.boolean(), suspectLeft: d.dur(), delayed: d.boolean()}
+		g := &grant{owner: d.str(), p: strs.get(d.str(), d.str()), fence: d.u64(), ttl: d.dur(), lockDelay: d.dur(), version: d.u64(), restartTTL: d.dur(), suspect: d.boolean(), suspectLeft: d.dur(), delayed: d.boolean()}
 		if d.err != nil {
 			break
 		}
@@ -469,11 +474,12 @@ func (f *fsm) sharedLimit(key string) (limit int, ok bool) {
 // process) moves the push of the grant's loss to the session of the
 // process that now holds it.
 func (f *fsm) rebindSession(g *grant, session string) {
-	if session == "" || session == g.session {
+	if session == "" || session == g.session() {
 		return
 	}
-	f.strs.put(g.session)
-	g.session = f.strs.get(session)
+	old := g.p
+	g.p = f.strs.get(g.holder(), session)
+	f.strs.put(old)
 }
 
 // anySharedWaiter reports whether some key has a Shared waiter, with f.mu

@@ -50,7 +50,7 @@ func (s *Server) describeShared(v holderView, h *holderOut) {
 	}
 	h.shared, h.limit, h.holders, h.delayed = true, v.limit, v.holders, v.delayed
 	for _, g := range v.grants {
-		o := holderOut{key: v.key, fence: g.fence, holder: g.holder, ttl: g.ttl, waiters: v.waiters, shared: true, limit: v.limit, holders: v.holders, delayed: v.delayed}
+		o := holderOut{key: v.key, fence: g.fence, holder: g.holder(), ttl: g.ttl, waiters: v.waiters, shared: true, limit: v.limit, holders: v.holders, delayed: v.delayed}
 		o.remaining, o.hasRemaining = s.clock.remainingOf(v.key, g.owner, g.fence)
 		h.grants = append(h.grants, o)
 	}

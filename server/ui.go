@@ -242,7 +242,7 @@ func (u *uiAPI) locks(w http.ResponseWriter, r *http.Request) {
 
 // holder describes one held key, with the head of its queue.
 func (u *uiAPI) holder(v holderView) uiHolder {
-	h := uiHolder{Key: v.key, Holder: v.grant.holder, Fence: v.grant.fence, TTLMs: v.grant.ttl.Milliseconds(), Waiters: v.waiters, Shared: v.shared, Holders: v.holders, Limit: v.limit}
+	h := uiHolder{Key: v.key, Holder: v.grant.holder(), Fence: v.grant.fence, TTLMs: v.grant.ttl.Milliseconds(), Waiters: v.waiters, Shared: v.shared, Holders: v.holders, Limit: v.limit}
 	if age, left, restored, ok := u.s.clock.held(v.key, v.grant.owner, v.grant.fence); ok {
 		a, l := age.Milliseconds(), left.Milliseconds()
 		h.AgeMs, h.LeftMs, h.AgeAtLeast = &a, &l, restored
@@ -260,7 +260,7 @@ func (u *uiAPI) queueOf(key string, limit int) ([]uiWaitr, int) {
 	now := time.Now()
 	out := make([]uiWaitr, len(ws))
 	for i, wt := range ws {
-		out[i] = uiWaitr{Position: i + 1, Holder: wt.holder, TTLMs: wt.ttl.Milliseconds()}
+		out[i] = uiWaitr{Position: i + 1, Holder: wt.holder(), TTLMs: wt.ttl.Milliseconds()}
 		if st, ok := u.s.waitTimes.since(key, wt.owner); ok {
 			d := now.Sub(st.at).Milliseconds()
 			out[i].WaitedMs, out[i].AtLeast = &d, st.restored

@@ -39,6 +39,11 @@
 // dlockd --config /etc/dlockd/dlockd.yaml; deploy/examples/cluster-tls has
 // a 3-node cluster's files.
 //
+// Memory: once allocation has been quiet for --release-memory-after
+// (default 5s; 0: off), dlockd returns to the OS the heap a burst of
+// requests left free (memory.go); --gc-percent (or GOGC) and GOMEMLIMIT
+// are Go's own settings.
+//
 // Logs go to stderr in one format (--log-format text or json) at one level
 // (--log-level), Raft's included. dlockd --version prints the build (the
 // line of dlock version, naming dlockd); dlockd --help prints the flags. Exit status:
@@ -61,6 +66,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -81,6 +87,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	configPath := fs.String(configFlag, "", "read flags from this YAML file (keys are the long flag names: listen: 127.0.0.1:7450); flags on the command line win")
 	cfg.RegisterFlags(fs)
 	gcPercent := fs.Int("gc-percent", 100, "Go GC target percentage when GOGC is not set (lower: less memory, more CPU)")
+	releaseAfter := fs.Duration("release-memory-after", 5*time.Second, "return to the OS the heap memory a burst of allocation left free once allocation has been quiet this long (one forced GC); 0: leave it to Go's scavenger")
 	logLevel := fs.String("log-level", "info", "log level of dlockd and Raft: debug, info, warn, error")
 	logFormat := fs.String("log-format", "text", "log format: text or json (one object a line)")
 	version := fs.Bool("version", false, "print the version and exit")
@@ -108,6 +115,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "dlockd: %v\n", err)
 			return 2
 		}
+	}
+	if *releaseAfter < 0 {
+		fmt.Fprintf(stderr, "dlockd: --release-memory-after %v: want 0 (off) or a positive duration\n", *releaseAfter)
+		return 2
 	}
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(*gcPercent)
@@ -151,6 +162,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return 1
 	}
+	defer startMemoryRelease(*releaseAfter, log)()
 	// SIGHUP: reload the auth file and the TLS files (server.Reload logs
 	// and audits the outcome).
 	hup := make(chan os.Signal, 1)
