@@ -363,7 +363,7 @@ func TestInspector_InspectAndList(t *testing.T) {
 	}
 	for i, info := range infos {
 		if info.Key != want[i] || info.Fence != fences[info.Key] || info.Holder != fmt.Sprintf("holder of owner-%x", info.Key) ||
-			info.TTL != 3*time.Second || info.Remaining <= 0 || info.Remaining > 3*time.Second || info.Waiters != -1 {
+			info.TTL != 3*time.Second || info.Remaining <= 0 || info.Remaining > 3*time.Second || info.Waiters != 0 {
 			t.Errorf("List[%d] = %+v; want key %q fence %d", i, info, want[i], fences[want[i]])
 		}
 	}

@@ -58,7 +58,26 @@ type chanState struct {
 	conn      *psConn
 }
 
-type hintSub struct{ c chan struct{} }
+// hintSub is one subscriber of a channel. A waiter's subscription (owner
+// set, see Wait) is woken only by a hand-off to its own owner token
+// ("grant:"+owner) or by a plain release hint; every other subscription
+// (owner empty: Hint, grant rechecks) by every message.
+type hintSub struct {
+	c     chan struct{}
+	owner string
+}
+
+// grantPrefix starts the message a release that hands the key to a queued
+// waiter publishes: "grant:" and the waiter's owner token.
+const grantPrefix = "grant:"
+
+// wakes reports whether message m on the channel is for s.
+func (s *hintSub) wakes(m string) bool {
+	if s.owner == "" || len(m) < len(grantPrefix) || m[:len(grantPrefix)] != grantPrefix {
+		return true
+	}
+	return m[len(grantPrefix):] == s.owner
+}
 
 type psConn struct{ ps *redis.PubSub }
 
@@ -69,7 +88,13 @@ func newHub(sub subscriber, perChannel bool) *hub {
 // subscribe adds a subscriber to channel and waits (bounded by ctx and
 // hintConfirmWait) until Redis has confirmed the subscription.
 func (h *hub) subscribe(ctx context.Context, channel string) (<-chan struct{}, func(), error) {
-	s := &hintSub{c: make(chan struct{}, 1)}
+	return h.subscribeFor(ctx, channel, "")
+}
+
+// subscribeFor is subscribe for a subscriber that only hand-offs to owner
+// (and plain release hints) wake; owner "" is woken by every message.
+func (h *hub) subscribeFor(ctx context.Context, channel, owner string) (<-chan struct{}, func(), error) {
+	s := &hintSub{c: make(chan struct{}, 1), owner: owner}
 
 	h.subMu.Lock()
 	h.mu.Lock()
@@ -175,6 +200,9 @@ func (h *hub) dispatch(c *psConn, msgs <-chan any) {
 			h.mu.Lock()
 			if st := h.chans[m.Channel]; st != nil && st.conn == c {
 				for s := range st.subs {
+					if !s.wakes(m.Payload) {
+						continue
+					}
 					select {
 					case s.c <- struct{}{}:
 					default:

@@ -15,6 +15,12 @@ import (
 // forge one, and a stale one may concern an earlier grant): the renewal, a
 // check against the lock hash, decides.
 //
+// The subscription starts only once the grant has been held for
+// watchDelay: most grants of a busy lock are released sooner, and a
+// subscription would cost them two pub/sub round trips (SUBSCRIBE, then
+// UNSUBSCRIBE) and a goroutine. A force release within a grant's first
+// watchDelay is found by its next renewal, as without hints.
+//
 // A watch ends when this driver releases the grant, when a renewal finds it
 // lost, when the grant has gone watchSlack past its TTL without a renewal
 // through this driver (it has expired on Redis by then), or at Close.
@@ -22,30 +28,35 @@ import (
 // watchSlack is how long past its TTL an unrenewed grant stays watched.
 const watchSlack = time.Second
 
+// watchDelay is how long a grant is held before its recheck subscription
+// starts.
+const watchDelay = 100 * time.Millisecond
+
 type grantID struct{ key, owner string }
 
+// grantWatch is one watched grant. Its fields are guarded by the driver's
+// watchMu.
 type grantWatch struct {
-	cancel context.CancelFunc
-	expiry *time.Timer
+	recheck   chan struct{}
+	cancel    context.CancelFunc // nil until the subscription starts
+	timer     *time.Timer        // starts the subscription, then ends the watch
+	expiresAt time.Time          // the watch ends at this time
 }
 
-// watch starts the recheck subscription of a new grant and returns its
+// watch registers the recheck watch of a new grant and returns its
 // channel, or nil when the driver has no hints (ReleaseHints off, or a
-// client that cannot subscribe). Subscribing runs in the background, so
-// TryAcquire does not wait for it.
+// client that cannot subscribe). The subscription starts watchDelay later,
+// in the background, so TryAcquire does not wait for it.
 func (d *Driver) watch(key, owner string, ttl time.Duration) <-chan struct{} {
 	if d.hub == nil {
 		return nil
 	}
 	id := grantID{key, owner}
-	recheck := make(chan struct{}, 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	w := &grantWatch{cancel: cancel}
+	w := &grantWatch{recheck: make(chan struct{}, 1), expiresAt: time.Now().Add(ttl + watchSlack)}
 
 	d.watchMu.Lock()
+	defer d.watchMu.Unlock()
 	if d.closed.Load() {
-		d.watchMu.Unlock()
-		cancel()
 		return nil
 	}
 	if old := d.watches[id]; old != nil {
@@ -54,11 +65,32 @@ func (d *Driver) watch(key, owner string, ttl time.Duration) <-chan struct{} {
 		old.stop()
 	}
 	d.watches[id] = w
-	w.expiry = time.AfterFunc(ttl+watchSlack, func() { d.unwatchIf(id, w) })
-	d.watchWG.Add(1)
-	d.watchMu.Unlock()
+	w.timer = time.AfterFunc(watchDelay, func() { d.watchTimer(id, w) })
+	return w.recheck
+}
 
-	_, _, channel := d.keys(key)
+// watchTimer starts w's subscription when it fires first, and ends the
+// watch once it is past its expiry.
+func (d *Driver) watchTimer(id grantID, w *grantWatch) {
+	d.watchMu.Lock()
+	defer d.watchMu.Unlock()
+	if d.watches[id] != w {
+		return
+	}
+	left := time.Until(w.expiresAt)
+	if left <= 0 {
+		w.stop()
+		delete(d.watches, id)
+		return
+	}
+	w.timer.Reset(left)
+	if w.cancel != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	w.cancel = cancel
+	d.watchWG.Add(1) // under watchMu, so never after stopWatches' Wait began
+	_, _, channel := d.keys(id.key)
 	go func() {
 		defer d.watchWG.Done()
 		hints, stop, err := d.hub.subscribe(ctx, channel)
@@ -72,18 +104,19 @@ func (d *Driver) watch(key, owner string, ttl time.Duration) <-chan struct{} {
 				return
 			case <-hints:
 				select {
-				case recheck <- struct{}{}:
+				case w.recheck <- struct{}{}:
 				default:
 				}
 			}
 		}
 	}()
-	return recheck
 }
 
 func (w *grantWatch) stop() {
-	w.cancel()
-	w.expiry.Stop()
+	w.timer.Stop()
+	if w.cancel != nil {
+		w.cancel()
+	}
 }
 
 // renewed pushes the end of owner's watch on key to a TTL from now.
@@ -91,7 +124,10 @@ func (d *Driver) renewed(key, owner string, ttl time.Duration) {
 	d.watchMu.Lock()
 	defer d.watchMu.Unlock()
 	if w := d.watches[grantID{key, owner}]; w != nil {
-		w.expiry.Reset(ttl + watchSlack)
+		w.expiresAt = time.Now().Add(ttl + watchSlack)
+		if w.cancel != nil {
+			w.timer.Reset(ttl + watchSlack)
+		}
 	}
 }
 
@@ -101,17 +137,6 @@ func (d *Driver) unwatch(key, owner string) {
 	defer d.watchMu.Unlock()
 	id := grantID{key, owner}
 	if w := d.watches[id]; w != nil {
-		w.stop()
-		delete(d.watches, id)
-	}
-}
-
-// unwatchIf ends the watch of id when it is still w (its expiry timer
-// fired).
-func (d *Driver) unwatchIf(id grantID, w *grantWatch) {
-	d.watchMu.Lock()
-	defer d.watchMu.Unlock()
-	if d.watches[id] == w {
 		w.stop()
 		delete(d.watches, id)
 	}
