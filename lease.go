@@ -40,6 +40,7 @@ type Lease struct {
 	hbCtx    context.Context    // cancelled to stop the heartbeat
 	hbCancel context.CancelFunc // (and any renewal in flight)
 	hbDone   chan struct{}      // closed when the heartbeat goroutine ends
+	hbStart  *time.Timer        // starts the heartbeat goroutine; nil: degraded
 
 	ended chan struct{} // closed when Release or Close has finished with the store
 
@@ -78,10 +79,27 @@ func (l *Locker) newLease(req driver.AcquireRequest, g driver.Grant, sent time.T
 		ls.maxHoldAt = sent.Add(o.maxHold)
 		ls.holdTimer = time.AfterFunc(time.Until(ls.maxHoldAt), ls.onMaxHold)
 	}
+	// The heartbeat goroutine starts heartbeatStart after the grant (its
+	// first renewal is due much later): a lease released sooner, as most
+	// leases of a busy lock are, never starts one.
+	ls.hbStart = time.AfterFunc(min(heartbeatStart, o.effectiveHeartbeat()), func() { ls.heartbeat(g.Lost, g.Recheck) })
 	ls.mu.Unlock()
 	l.mu.Unlock()
-	go ls.heartbeat(g.Lost, g.Recheck)
 	return ls, nil
+}
+
+// heartbeatStart is how long after a grant its heartbeat goroutine starts.
+// Until then a pushed loss (Grant.Lost) or a recheck hint waits for it, so
+// this bounds the delay it adds to either, only in a lease's first moments.
+const heartbeatStart = 5 * time.Millisecond
+
+// stopHeartbeat stops the heartbeat (and any renewal in flight); hbDone is
+// closed once it has ended, or at once when it never started.
+func (ls *Lease) stopHeartbeat() {
+	ls.hbCancel()
+	if ls.hbStart != nil && ls.hbStart.Stop() {
+		close(ls.hbDone)
+	}
 }
 
 func (l *Locker) degradedLease(req driver.AcquireRequest, o options) *Lease {
@@ -205,7 +223,7 @@ func (ls *Lease) end(ctx context.Context, reason error) error {
 	ls.mu.Unlock()
 	defer close(ls.ended)
 
-	ls.hbCancel()
+	ls.stopHeartbeat()
 	<-ls.hbDone
 	ls.cancel(ls.err)
 	close(ls.done)
@@ -272,7 +290,7 @@ func (ls *Lease) lose(reason string, cause error) {
 
 	ls.cancel(err)
 	close(ls.done)
-	ls.hbCancel()
+	ls.stopHeartbeat()
 	l.forget(ls)
 	l.observer(ls.opts).LeaseEnded(EndEvent{
 		Store: l.store, KeyClass: ls.opts.keyClass, Held: time.Since(ls.start), TTL: ls.opts.ttl,

@@ -394,20 +394,23 @@ return 0
 `)
 	// KEYS: lock, shared counter, legacy counter, queue, waiting
 	// (lockKeys). ARGV: owner, hint channel or "", claim window in ms.
-	// Removes owner's queue entry, if any; then, only while owner holds
-	// the lock, deletes the grant and hands the key to the first live
-	// queued waiter (a new fence, the waiter's owner, holder and TTL,
-	// expiring after the claim window until claimed; see wait.go),
-	// publishing "grant:" and its owner token, or, with nobody queued,
-	// publishes "released". Returns 1, or 0 when not the owner.
+	// Only while owner holds the lock, deletes the grant and, when the
+	// grant's hash says that waiters queued behind it (field q, set by the
+	// wait script), hands the key to the first live queued waiter (a new
+	// fence, the waiter's owner, holder and TTL, expiring after the claim
+	// window until claimed; see wait.go), publishing "grant:" and its
+	// owner token; with nobody to hand to, publishes "released". When
+	// owner does not hold the lock, removes owner's queue entry, if any (a
+	// waiter leaving). Returns 1, or 0 when not the owner.
 	releaseScript = redis.NewScript(`
-redis.call('HDEL', KEYS[5], ARGV[1])
-if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then
+local v = redis.call('HMGET', KEYS[1], 'owner', 'q')
+if v[1] ~= ARGV[1] then
+  redis.call('HDEL', KEYS[5], ARGV[1])
   return 0
 end
 redis.call('DEL', KEYS[1])
 local now
-while true do
+while v[2] do
   local w = redis.call('LPOP', KEYS[4])
   if not w then
     break
@@ -432,6 +435,9 @@ while true do
       end
       local fence = redis.call('INCR', KEYS[2])
       redis.call('HSET', KEYS[1], 'owner', w, 'fence', fence, 'holder', string.sub(e, b + 1), 'ttl', ttl)
+      if redis.call('LLEN', KEYS[4]) > 0 then
+        redis.call('HSET', KEYS[1], 'q', '1')
+      end
       redis.call('PEXPIRE', KEYS[1], math.min(tonumber(ttl), tonumber(ARGV[3])))
       if ARGV[2] ~= '' then
         redis.call('PUBLISH', ARGV[2], 'grant:' .. w)

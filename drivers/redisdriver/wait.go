@@ -67,7 +67,9 @@ var _ driver.Waiter = (*Driver)(nil)
 // KEYS: lock, shared counter, legacy counter, queue, waiting (lockKeys).
 // ARGV: owner, ttl in ms, holder, liveness in ms. Returns the fence of the
 // caller's grant (new, repeated or handed off to it), or 0 after queueing
-// the caller (or refreshing its place) when another owner holds the key.
+// the caller (or refreshing its place) when another owner holds the key; it
+// then marks the holder's hash (field q) so that its release looks at the
+// queue (a release of a grant nobody queued behind skips it).
 var waitScript = redis.NewScript(`
 local cur = redis.call('HGET', KEYS[1], 'owner')
 if cur == ARGV[1] then
@@ -88,8 +90,12 @@ if not cur then
   redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', fence, 'holder', ARGV[3], 'ttl', ARGV[2])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   redis.call('HDEL', KEYS[5], ARGV[1])
+  if redis.call('LLEN', KEYS[4]) > 0 then
+    redis.call('HSET', KEYS[1], 'q', '1')
+  end
   return fence
 end
+redis.call('HSET', KEYS[1], 'q', '1')
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local live = tonumber(ARGV[4])
