@@ -549,6 +549,7 @@ func TestHinter_NoGoroutinesOutliveStop(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
 	d := openDriver(t, r.URL())
 	d.hub.idleClose = 200 * time.Millisecond
+	d.hub.lingerFor = 50 * time.Millisecond
 	subscribeAll := func() []func() {
 		var stops []func()
 		for i := range 20 {

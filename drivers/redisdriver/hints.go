@@ -21,6 +21,12 @@ const hintConfirmWait = 500 * time.Millisecond
 // handshake for each contended acquisition.
 const hubIdleClose = 30 * time.Second
 
+// hubLinger is how long a channel stays subscribed after its last
+// subscriber left: a client that waits on a key again and again (each
+// release hands it to another waiter, and this one queues anew) keeps one
+// confirmed subscription instead of a SUBSCRIBE and an UNSUBSCRIBE per wait.
+const hubLinger = time.Second
+
 // subscriber is the pub/sub part of *redis.Client, *redis.ClusterClient and
 // *redis.Ring.
 type subscriber interface {
@@ -38,6 +44,7 @@ type hub struct {
 	sub        subscriber
 	perChannel bool
 	idleClose  time.Duration // hubIdleClose; shorter in tests
+	lingerFor  time.Duration // hubLinger; shorter in tests
 
 	subMu sync.Mutex // serializes SUBSCRIBE/UNSUBSCRIBE and connection changes
 
@@ -53,6 +60,7 @@ type hub struct {
 
 type chanState struct {
 	subs      map[*hintSub]struct{}
+	linger    *time.Timer   // unsubscribes hubLinger after the last subscriber left
 	confirmed chan struct{} // closed when Redis confirms the subscription
 	isConfirm bool
 	conn      *psConn
@@ -82,7 +90,7 @@ func (s *hintSub) wakes(m string) bool {
 type psConn struct{ ps *redis.PubSub }
 
 func newHub(sub subscriber, perChannel bool) *hub {
-	return &hub{sub: sub, perChannel: perChannel, idleClose: hubIdleClose, chans: map[string]*chanState{}}
+	return &hub{sub: sub, perChannel: perChannel, idleClose: hubIdleClose, lingerFor: hubLinger, chans: map[string]*chanState{}}
 }
 
 // subscribe adds a subscriber to channel and waits (bounded by ctx and
@@ -110,6 +118,10 @@ func (h *hub) subscribeFor(ctx context.Context, channel, owner string) (<-chan s
 		h.chans[channel] = st
 	}
 	st.subs[s] = struct{}{}
+	if st.linger != nil {
+		st.linger.Stop()
+		st.linger = nil
+	}
 	confirmed := st.confirmed
 	var conn *psConn
 	needOpen := false
@@ -214,19 +226,30 @@ func (h *hub) dispatch(c *psConn, msgs <-chan any) {
 	}
 }
 
-// unsubscribe removes s from channel, unsubscribing and closing connections
-// that nobody needs any more.
+// unsubscribe removes s from channel. The channel stays subscribed for
+// hubLinger after its last subscriber left (see drop).
 func (h *hub) unsubscribe(channel string, s *hintSub) {
-	h.subMu.Lock()
-	defer h.subMu.Unlock()
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	st := h.chans[channel]
 	if st == nil {
-		h.mu.Unlock()
 		return
 	}
 	delete(st.subs, s)
-	if len(st.subs) > 0 || h.closed {
+	if len(st.subs) > 0 || h.closed || st.linger != nil {
+		return
+	}
+	st.linger = time.AfterFunc(h.lingerFor, func() { h.drop(channel, st) })
+}
+
+// drop unsubscribes channel, when st is still its state and nobody has
+// subscribed since its linger began, closing connections that nobody needs
+// any more.
+func (h *hub) drop(channel string, st *chanState) {
+	h.subMu.Lock()
+	defer h.subMu.Unlock()
+	h.mu.Lock()
+	if h.closed || h.chans[channel] != st || len(st.subs) > 0 {
 		h.mu.Unlock()
 		return
 	}
@@ -300,6 +323,9 @@ func (h *hub) close() {
 	for _, st := range h.chans {
 		if st.conn != nil {
 			conns[st.conn] = struct{}{}
+		}
+		if st.linger != nil {
+			st.linger.Stop()
 		}
 	}
 	h.shared = nil
