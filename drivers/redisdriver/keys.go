@@ -14,8 +14,11 @@ import (
 //	e(P):{t(S)}:fences    shared fence counter of slot S = slot(e(K)), never expiring
 //	e(P):{e(K)}:released  pub/sub channel of release hints
 //	e(P):{e(K)}:queue     list of the owner tokens of queued waiters, FIFO
-//	e(P):{e(K)}:waiting   hash: queued owner token -> "deadline ttl holder"
-//	                      (see Wait); both expire when no waiter refreshes
+//	e(P):{e(K)}:waiting   hash: queued owner token -> "deadline ttl n
+//	                      channel holder" (see Wait); both expire when no
+//	                      waiter refreshes
+//	e(P):wake:ID          pub/sub channel of one driver's hand-offs (a Ring
+//	                      uses the key's release channel instead)
 //	e(P):{e(K)}:fence     legacy per-key fence counter (versions before the
 //	                      shared counters); folded into the shared counter
 //	                      and deleted by the next acquisition of K, or by

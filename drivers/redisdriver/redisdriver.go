@@ -88,9 +88,10 @@
 //     lock hash, once it has subscribed to the key's channel. Release, in
 //     its one script, grants the key to the first live queued waiter (a
 //     new fence; the grant expires after a short claim window until the
-//     waiter claims it) and publishes that waiter's owner token, so one
-//     release wakes one waiter, in FIFO order, and the hand-off needs no
-//     retry race: no thundering herd.
+//     waiter claims it) and publishes that waiter's owner token on the
+//     waiter's driver's own channel "P:wake:ID", so one release wakes one
+//     waiter of one client, in FIFO order, and the hand-off needs no retry
+//     race: no thundering herd.
 //   - A lost wake-up (pub/sub is fire-and-forget; an expiry publishes
 //     nothing; a crashed releaser releases nothing) costs latency, never
 //     safety: each queued waiter also polls with full-jitter exponential
@@ -238,6 +239,7 @@ type Driver struct {
 	hub    *hub         // nil when hints are off or the client cannot subscribe
 	closer func() error // closes an owned client; nil otherwise
 	addr   string       // host:port when opened by URL, for errors
+	wakeID string       // random; names the driver's wake channel (wait.go)
 	closed atomic.Bool
 
 	watchMu sync.Mutex
@@ -261,7 +263,7 @@ func New(client Client, opts *Options) *Driver {
 	if o.Prefix == "" {
 		o.Prefix = DefaultPrefix
 	}
-	d := &Driver{client: client, ns: escape(o.Prefix), hints: o.ReleaseHints, watches: map[grantID]*grantWatch{}}
+	d := &Driver{client: client, ns: escape(o.Prefix), hints: o.ReleaseHints, watches: map[grantID]*grantWatch{}, wakeID: randomID()}
 	if sub, ok := client.(subscriber); ok && o.ReleaseHints {
 		_, ring := client.(*redis.Ring)
 		d.hub = newHub(sub, ring)
@@ -399,7 +401,7 @@ return 0
 	// wait script), hands the key to the first live queued waiter (a new
 	// fence, the waiter's owner, holder and TTL, expiring after the claim
 	// window until claimed; see wait.go), publishing "grant:" and its
-	// owner token; with nobody to hand to, publishes "released". When
+	// owner token on the waiter's wake channel; with nobody to hand to, publishes "released". When
 	// owner does not hold the lock, removes owner's queue entry, if any (a
 	// waiter leaving). Returns 1, or 0 when not the owner.
 	releaseScript = redis.NewScript(`
@@ -424,8 +426,11 @@ while v[2] do
     end
     local a = string.find(e, ' ', 1, true)
     local b = string.find(e, ' ', a + 1, true)
+    local c = string.find(e, ' ', b + 1, true)
     if tonumber(string.sub(e, 1, a - 1)) >= now then
       local ttl = string.sub(e, a + 1, b - 1)
+      local n = tonumber(string.sub(e, b + 1, c - 1))
+      local wake = string.sub(e, c + 1, c + n)
       local old = redis.call('GET', KEYS[3])
       if old then
         if tonumber(old) > tonumber(redis.call('GET', KEYS[2]) or '0') then
@@ -434,13 +439,13 @@ while v[2] do
         redis.call('DEL', KEYS[3])
       end
       local fence = redis.call('INCR', KEYS[2])
-      redis.call('HSET', KEYS[1], 'owner', w, 'fence', fence, 'holder', string.sub(e, b + 1), 'ttl', ttl)
+      redis.call('HSET', KEYS[1], 'owner', w, 'fence', fence, 'holder', string.sub(e, c + n + 1), 'ttl', ttl)
       if redis.call('LLEN', KEYS[4]) > 0 then
         redis.call('HSET', KEYS[1], 'q', '1')
       end
       redis.call('PEXPIRE', KEYS[1], math.min(tonumber(ttl), tonumber(ARGV[3])))
       if ARGV[2] ~= '' then
-        redis.call('PUBLISH', ARGV[2], 'grant:' .. w)
+        redis.call('PUBLISH', wake, 'grant:' .. w)
       end
       return 1
     end

@@ -2,6 +2,8 @@ package redisdriver
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -19,11 +21,13 @@ import (
 // then runs the wait script, which grants a free key at once or appends the
 // waiter's owner token to the key's queue ("P:{K}:queue", FIFO) with its TTL,
 // holder and a liveness deadline of waiterLiveness on Redis's clock
-// ("P:{K}:waiting"). Release, in the same script that deletes the grant,
-// pops the queue's first live waiter and grants the key to it (a new fence
-// from the shared counter, the waiter's owner token, holder and TTL) and
-// publishes "grant:" and that owner token on the channel; only that waiter's
-// Wait wakes (the other waiters' drivers drop the message), runs the wait
+// ("P:{K}:waiting"), and the channel on which to wake it: its driver's own
+// ("P:wake:ID", see wakeChannel). Release, in the same script that deletes
+// the grant, pops the queue's first live waiter and grants the key to it (a
+// new fence from the shared counter, the waiter's owner token, holder and
+// TTL) and publishes "grant:" and that owner token on that waiter's
+// channel: one message to one connection, and only that waiter's Wait
+// wakes (the driver's other waiters ignore it). It runs the wait
 // script again, which finds its own grant, resets the expiry to the full
 // TTL and returns the fence. One waiter per release, in queue order: no
 // thundering herd, FIFO apart from newcomers that find the key free (an
@@ -65,7 +69,9 @@ const defaultOpTimeout = 5 * time.Second
 var _ driver.Waiter = (*Driver)(nil)
 
 // KEYS: lock, shared counter, legacy counter, queue, waiting (lockKeys).
-// ARGV: owner, ttl in ms, holder, liveness in ms. Returns the fence of the
+// ARGV: owner, ttl in ms, holder, liveness in ms, wake channel. A queue
+// entry is "deadline ttl n channel holder" with n the channel's length
+// (the channel and the holder may contain spaces). Returns the fence of the
 // caller's grant (new, repeated or handed off to it), or 0 after queueing
 // the caller (or refreshing its place) when another owner holds the key; it
 // then marks the holder's hash (field q) so that its release looks at the
@@ -99,13 +105,26 @@ redis.call('HSET', KEYS[1], 'q', '1')
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local live = tonumber(ARGV[4])
-if redis.call('HSET', KEYS[5], ARGV[1], (now + live) .. ' ' .. ARGV[2] .. ' ' .. ARGV[3]) == 1 then
+local entry = (now + live) .. ' ' .. ARGV[2] .. ' ' .. string.len(ARGV[5]) .. ' ' .. ARGV[5] .. ARGV[3]
+if redis.call('HSET', KEYS[5], ARGV[1], entry) == 1 then
   redis.call('RPUSH', KEYS[4], ARGV[1])
 end
 redis.call('PEXPIRE', KEYS[4], 2 * live)
 redis.call('PEXPIRE', KEYS[5], 2 * live)
 return 0
 `)
+
+// wakeChannel returns the channel on which a release tells this driver's
+// waiters of a hand-off: one channel per driver ("P:wake:ID", ID random),
+// so that a release wakes one connection, not every client subscribed to
+// the key; on a Ring, whose shards do not share pub/sub, the key's own
+// release channel (on the key's shard).
+func (d *Driver) wakeChannel(keyChannel string) string {
+	if d.hub.perChannel {
+		return keyChannel
+	}
+	return d.ns + ":wake:" + d.wakeID
+}
 
 // Wait blocks until req.Key is granted to req.Owner or ctx ends (see
 // "Waiting" above: a FIFO queue on Redis, a hand-off by Release, and polling
@@ -153,12 +172,13 @@ func (d *Driver) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Gr
 	if d.hub != nil {
 		// Subscribed (and confirmed) before queueing, so the hand-off's
 		// message finds the subscription.
-		h, stop, err := d.hub.subscribeFor(ctx, channel, req.Owner)
+		wake := d.wakeChannel(channel)
+		h, stop, err := d.hub.subscribeFor(ctx, wake, req.Owner)
 		if err == nil {
 			defer stop()
 			hints = h
 			script, ks = waitScript, keys
-			args = append(args, waiterLiveness.Milliseconds())
+			args = append(args, waiterLiveness.Milliseconds(), wake)
 		}
 	}
 	for attempt := 0; ; attempt++ {
@@ -226,4 +246,11 @@ func pollWait(ctx context.Context, attempt int, hints <-chan struct{}) bool {
 	case <-hints:
 		return true
 	}
+}
+
+// randomID returns 64 random bits, hex-encoded.
+func randomID() string {
+	var b [8]byte
+	_, _ = crand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }

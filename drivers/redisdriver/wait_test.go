@@ -123,7 +123,7 @@ func TestWait_DeadWaiterHoldsKeyAtMostTheClaimWindow(t *testing.T) {
 	// The crashed waiter: queued by the wait script itself, then never
 	// heard of again (its TTL, 30 s, is what a hand-off would grant).
 	keys, _ := d.lockKeys(key)
-	if n, err := waitScript.Run(ctx, d.client, keys, "owner-dead", (30 * time.Second).Milliseconds(), "", waiterLiveness.Milliseconds()).Int64(); err != nil || n != 0 {
+	if n, err := waitScript.Run(ctx, d.client, keys, "owner-dead", (30 * time.Second).Milliseconds(), "", waiterLiveness.Milliseconds(), "nobody-listens").Int64(); err != nil || n != 0 {
 		t.Fatalf("queueing the dead waiter = %d, %v; want 0 (queued)", n, err)
 	}
 	live := dlock.New(openDriver(t, r.URL()))
