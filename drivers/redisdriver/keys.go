@@ -81,7 +81,33 @@ func (d *Driver) keys(key string) (lock, fence, channel string) {
 // of the acquire, wait and release scripts' KEYS: the lock hash, the shared
 // fence counter, the legacy per-key counter, the waiter queue and the
 // waiters' hash; and the release channel.
+//
+// The names of recently used keys are cached (up to keyCacheSize keys, then
+// the cache starts afresh): a client that takes the same locks again and
+// again builds each name once. The returned slice is shared: read only.
 func (d *Driver) lockKeys(key string) (keys []string, channel string) {
+	if v, ok := d.keyCache.Load(key); ok {
+		ks := v.(*keySet)
+		return ks.keys, ks.channel
+	}
+	keys, channel = d.buildLockKeys(key)
+	if d.keyCount.Add(1) > keyCacheSize {
+		d.keyCache.Clear()
+		d.keyCount.Store(0)
+	}
+	d.keyCache.Store(key, &keySet{keys, channel})
+	return keys, channel
+}
+
+// keyCacheSize bounds the driver's cache of key names (lockKeys).
+const keyCacheSize = 4096
+
+type keySet struct {
+	keys    []string
+	channel string
+}
+
+func (d *Driver) buildLockKeys(key string) (keys []string, channel string) {
 	tag := escape(key)
 	base := d.ns + ":{" + tag
 	return []string{

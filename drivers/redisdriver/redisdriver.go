@@ -242,6 +242,9 @@ type Driver struct {
 	wakeID string       // random; names the driver's wake channel (wait.go)
 	closed atomic.Bool
 
+	keyCache sync.Map // key -> *keySet (lockKeys)
+	keyCount atomic.Int64
+
 	watchMu sync.Mutex
 	watches map[grantID]*grantWatch // recheck subscriptions of held grants
 	watchWG sync.WaitGroup
@@ -492,9 +495,8 @@ func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (dri
 	if err := driver.CheckRequest(req); err != nil {
 		return driver.Grant{}, fmt.Errorf("redisdriver: acquire: %w", err)
 	}
-	lock, fence, _ := d.keys(req.Key)
-	n, err := acquireScript.Run(ctx, d.client, []string{lock, fence, d.legacyFenceKey(req.Key)},
-		req.Owner, req.TTL.Milliseconds(), req.Holder).Int64()
+	keys, _ := d.lockKeys(req.Key)
+	n, err := acquireScript.Run(ctx, d.client, keys[:3], req.Owner, req.TTL.Milliseconds(), req.Holder).Int64()
 	if err != nil {
 		return driver.Grant{}, storeErr(ctx, "acquire", err)
 	}
@@ -514,8 +516,8 @@ func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration
 	if err := driver.CheckGrant(key, owner, ttl); err != nil {
 		return fmt.Errorf("redisdriver: renew: %w", err)
 	}
-	lock, _, _ := d.keys(key)
-	n, err := renewScript.Run(ctx, d.client, []string{lock}, owner, ttl.Milliseconds()).Int64()
+	keys, _ := d.lockKeys(key)
+	n, err := renewScript.Run(ctx, d.client, keys[:1], owner, ttl.Milliseconds()).Int64()
 	if err != nil {
 		return storeErr(ctx, "renew", err)
 	}
@@ -545,7 +547,7 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 	if !d.hints {
 		channel = ""
 	}
-	n, err := releaseScript.Run(ctx, d.client, keys, owner, channel, handoffClaim.Milliseconds()).Int64()
+	n, err := releaseScript.Run(ctx, d.client, keys, owner, channel, handoffClaimMs).Int64()
 	if err != nil {
 		return storeErr(ctx, "release", err)
 	}

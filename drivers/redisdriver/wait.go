@@ -62,6 +62,10 @@ const (
 	waiterLiveness = 3 * time.Second
 )
 
+// handoffClaimMs is handoffClaim in milliseconds, as the release script's
+// argument (boxed once).
+var handoffClaimMs any = handoffClaim.Milliseconds()
+
 // defaultOpTimeout bounds one script of Wait when ctx carries no op
 // timeout (driver.OpTimeout), as when Wait is called directly.
 const defaultOpTimeout = 5 * time.Second
