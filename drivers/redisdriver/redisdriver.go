@@ -113,11 +113,13 @@
 //
 // Loss: Redis cannot push loss (driver.Grant.Lost stays nil), but with
 // release hints on, the holder's driver subscribes to the key's channel
-// while it holds the grant and passes a message there on as
-// driver.Grant.Recheck, so that the root package renews at once. A force
-// release (dlock release --force) therefore ends the old holder's lease
-// within a round trip, not at its next renewal (up to a third of the TTL
-// later). The message is only a hint: a forged or stale one costs one
+// once it has held the grant for 100 ms (most grants of a busy lock end
+// sooner, and would pay a SUBSCRIBE and an UNSUBSCRIBE for nothing) and
+// passes a message there on as driver.Grant.Recheck, so that the root
+// package renews at once. A force release (dlock release --force) of a
+// grant held that long therefore ends the old holder's lease within a round
+// trip, not at its next renewal (up to a third of the TTL later); in a
+// grant's first 100 ms it is found by the next renewal. The message is only a hint: a forged or stale one costs one
 // renewal, which succeeds, and the lease goes on. Expiry publishes
 // nothing; it is found by renewal and the validity deadline. The
 // subscription shares the driver's pub/sub connection, which stays open
