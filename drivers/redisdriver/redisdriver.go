@@ -406,9 +406,11 @@ return 0
 	// wait script), hands the key to the first live queued waiter (a new
 	// fence, the waiter's owner, holder and TTL, expiring after the claim
 	// window until claimed; see wait.go), publishing "grant:" and its
-	// owner token on the waiter's wake channel; with nobody to hand to, publishes "released". When
-	// owner does not hold the lock, removes owner's queue entry, if any (a
-	// waiter leaving). Returns 1, or 0 when not the owner.
+	// owner token on the waiter's wake channel (and "released" on the
+	// key's channel, for readers of hints: Hint); with nobody to hand to,
+	// publishes "released". When owner does not hold the lock, removes
+	// owner's queue entry, if any (a waiter leaving). Returns 1, or 0 when
+	// not the owner.
 	releaseScript = redis.NewScript(`
 local v = redis.call('HMGET', KEYS[1], 'owner', 'q')
 if v[1] ~= ARGV[1] then
@@ -451,6 +453,9 @@ while v[2] do
       redis.call('PEXPIRE', KEYS[1], math.min(tonumber(ttl), tonumber(ARGV[3])))
       if ARGV[2] ~= '' then
         redis.call('PUBLISH', wake, 'grant:' .. w)
+        if wake ~= ARGV[2] then
+          redis.call('PUBLISH', ARGV[2], 'released')
+        end
       end
       return 1
     end

@@ -234,3 +234,38 @@ func waitQueued(t *testing.T, d *Driver, key string, n int) {
 		}
 	}
 }
+
+// TestWait_HandOffHintsReaders: a release that hands the key to a queued
+// waiter still sends a release hint on the key's channel, so a reader that
+// holds nothing (Hint, as election observers use it) learns that the
+// holder changed.
+func TestWait_HandOffHintsReaders(t *testing.T) {
+	r := testservers.StartRedis(t)
+	ctx := t.Context()
+	const key = "wait/hint-readers"
+	d := openDriver(t, r.URL())
+	acquire(t, d, key, "owner-holder", 30*time.Second)
+	reader := openDriver(t, r.URL())
+	hints, stop, err := reader.Hint(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	done := make(chan error, 1)
+	go func() {
+		_, err := openDriver(t, r.URL()).Wait(ctx, driver.AcquireRequest{Key: key, Owner: "owner-waiter", TTL: 30 * time.Second})
+		done <- err
+	}()
+	waitQueued(t, d, key, 1)
+	if err := d.Release(ctx, key, "owner-holder"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-hints:
+	case <-time.After(time.Second):
+		t.Fatal("the reader got no hint within 1s of a hand-off")
+	}
+}
