@@ -49,7 +49,7 @@ type Lease struct {
 	err       error
 	relErr    error       // the store release's result, reported to every Release
 	deadline  time.Time   // monotonic validity deadline
-	lossTimer *time.Timer // fires at deadline
+	lossTimer *time.Timer // fires at deadline; nil until the heartbeat starts
 
 	maxHoldAt time.Time   // start + WithMaxHold; zero: no bound
 	holdTimer *time.Timer // fires at maxHoldAt
@@ -74,15 +74,23 @@ func (l *Locker) newLease(req driver.AcquireRequest, g driver.Grant, sent time.T
 	}
 	l.leases[ls] = struct{}{}
 	ls.mu.Lock()
-	ls.lossTimer = time.AfterFunc(time.Until(ls.deadline), ls.onDeadline)
 	if o.maxHold > 0 {
 		ls.maxHoldAt = sent.Add(o.maxHold)
 		ls.holdTimer = time.AfterFunc(time.Until(ls.maxHoldAt), ls.onMaxHold)
 	}
-	// The heartbeat goroutine starts heartbeatStart after the grant (its
-	// first renewal is due much later): a lease released sooner, as most
-	// leases of a busy lock are, never starts one.
-	ls.hbStart = time.AfterFunc(min(heartbeatStart, o.effectiveHeartbeat()), func() { ls.heartbeat(g.Lost, g.Recheck) })
+	// The heartbeat goroutine and the loss timer start heartbeatStart
+	// after the grant (never later than the validity deadline; the first
+	// renewal is due much later): a lease released sooner, as most leases
+	// of a busy lock are, starts neither.
+	start := min(heartbeatStart, o.effectiveHeartbeat(), time.Until(ls.deadline))
+	ls.hbStart = time.AfterFunc(start, func() {
+		ls.mu.Lock()
+		if ls.state == stateHeld {
+			ls.lossTimer = time.AfterFunc(time.Until(ls.deadline), ls.onDeadline)
+		}
+		ls.mu.Unlock()
+		ls.heartbeat(g.Lost, g.Recheck)
+	})
 	ls.mu.Unlock()
 	l.mu.Unlock()
 	return ls, nil
@@ -281,7 +289,9 @@ func (ls *Lease) lose(reason string, cause error) {
 	}
 	ls.state = stateLost
 	ls.err = l.wrap("lease", ls.key, fmt.Errorf("%w (%s): %w", ErrLeaseLost, reason, cause))
-	ls.lossTimer.Stop()
+	if ls.lossTimer != nil {
+		ls.lossTimer.Stop()
+	}
 	if ls.holdTimer != nil {
 		ls.holdTimer.Stop()
 	}

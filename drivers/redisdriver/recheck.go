@@ -37,22 +37,27 @@ type grantID struct{ key, owner string }
 // grantWatch is one watched grant. Its fields are guarded by the driver's
 // watchMu.
 type grantWatch struct {
+	id        grantID
+	since     time.Time // when the watch was registered
 	recheck   chan struct{}
 	cancel    context.CancelFunc // nil until the subscription starts
-	timer     *time.Timer        // starts the subscription, then ends the watch
+	timer     *time.Timer        // ends the watch at expiresAt; nil until the subscription starts
 	expiresAt time.Time          // the watch ends at this time
 }
 
 // watch registers the recheck watch of a new grant and returns its
 // channel, or nil when the driver has no hints (ReleaseHints off, or a
 // client that cannot subscribe). The subscription starts watchDelay later,
-// in the background, so TryAcquire does not wait for it.
+// in the background, so TryAcquire does not wait for it: the driver keeps
+// the new watches in a list, oldest first, that one timer sweeps (a grant
+// released before the sweep costs no timer of its own).
 func (d *Driver) watch(key, owner string, ttl time.Duration) <-chan struct{} {
 	if d.hub == nil {
 		return nil
 	}
+	now := time.Now()
 	id := grantID{key, owner}
-	w := &grantWatch{recheck: make(chan struct{}, 1), expiresAt: time.Now().Add(ttl + watchSlack)}
+	w := &grantWatch{id: id, since: now, recheck: make(chan struct{}, 1), expiresAt: now.Add(ttl + watchSlack)}
 
 	d.watchMu.Lock()
 	defer d.watchMu.Unlock()
@@ -65,28 +70,47 @@ func (d *Driver) watch(key, owner string, ttl time.Duration) <-chan struct{} {
 		old.stop()
 	}
 	d.watches[id] = w
-	w.timer = time.AfterFunc(watchDelay, func() { d.watchTimer(id, w) })
+	d.pending = append(d.pending, w)
+	if d.sweep == nil {
+		d.sweep = time.AfterFunc(watchDelay, d.sweepWatches)
+	}
 	return w.recheck
 }
 
-// watchTimer starts w's subscription when it fires first, and ends the
-// watch once it is past its expiry.
-func (d *Driver) watchTimer(id grantID, w *grantWatch) {
+// sweepWatches starts the subscriptions of the pending watches registered
+// watchDelay ago or more that are still held, drops the others that ended,
+// and sets the timer for the next.
+func (d *Driver) sweepWatches() {
 	d.watchMu.Lock()
 	defer d.watchMu.Unlock()
-	if d.watches[id] != w {
+	if d.closed.Load() {
+		d.pending, d.sweep = nil, nil
 		return
 	}
-	left := time.Until(w.expiresAt)
-	if left <= 0 {
-		w.stop()
-		delete(d.watches, id)
+	now := time.Now()
+	keep := d.pending[:0]
+	for _, w := range d.pending {
+		switch {
+		case d.watches[w.id] != w: // released, lost or replaced
+		case now.Sub(w.since) >= watchDelay:
+			d.startWatch(w)
+		default:
+			keep = append(keep, w)
+		}
+	}
+	clear(d.pending[len(keep):])
+	d.pending = keep
+	if len(keep) == 0 {
+		d.sweep = nil
 		return
 	}
-	w.timer.Reset(left)
-	if w.cancel != nil {
-		return
-	}
+	d.sweep = time.AfterFunc(watchDelay-now.Sub(keep[0].since), d.sweepWatches)
+}
+
+// startWatch starts w's subscription and its expiry timer (watchMu held).
+func (d *Driver) startWatch(w *grantWatch) {
+	id := w.id
+	w.timer = time.AfterFunc(time.Until(w.expiresAt), func() { d.watchTimer(id, w) })
 	ctx, cancel := context.WithCancel(context.Background())
 	w.cancel = cancel
 	d.watchWG.Add(1) // under watchMu, so never after stopWatches' Wait began
@@ -112,8 +136,26 @@ func (d *Driver) watchTimer(id grantID, w *grantWatch) {
 	}()
 }
 
+// watchTimer ends the watch once it is past its expiry (a renewal may have
+// moved it).
+func (d *Driver) watchTimer(id grantID, w *grantWatch) {
+	d.watchMu.Lock()
+	defer d.watchMu.Unlock()
+	if d.watches[id] != w {
+		return
+	}
+	if left := time.Until(w.expiresAt); left > 0 {
+		w.timer.Reset(left)
+		return
+	}
+	w.stop()
+	delete(d.watches, id)
+}
+
 func (w *grantWatch) stop() {
-	w.timer.Stop()
+	if w.timer != nil {
+		w.timer.Stop()
+	}
 	if w.cancel != nil {
 		w.cancel()
 	}
@@ -125,7 +167,7 @@ func (d *Driver) renewed(key, owner string, ttl time.Duration) {
 	defer d.watchMu.Unlock()
 	if w := d.watches[grantID{key, owner}]; w != nil {
 		w.expiresAt = time.Now().Add(ttl + watchSlack)
-		if w.cancel != nil {
+		if w.timer != nil {
 			w.timer.Reset(ttl + watchSlack)
 		}
 	}
@@ -148,6 +190,11 @@ func (d *Driver) stopWatches() {
 	for id, w := range d.watches {
 		w.stop()
 		delete(d.watches, id)
+	}
+	d.pending = nil
+	if d.sweep != nil {
+		d.sweep.Stop()
+		d.sweep = nil
 	}
 	d.watchMu.Unlock()
 	d.watchWG.Wait()

@@ -249,6 +249,8 @@ type Driver struct {
 
 	watchMu sync.Mutex
 	watches map[grantID]*grantWatch // recheck subscriptions of held grants
+	pending []*grantWatch           // watches not yet subscribed, oldest first
+	sweep   *time.Timer             // starts the pending watches; nil when none
 	watchWG sync.WaitGroup
 }
 
