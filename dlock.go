@@ -546,8 +546,22 @@ func (l *Locker) opContext(ctx context.Context, o options) (context.Context, con
 }
 
 func (l *Locker) wrap(op, key string, err error) error {
-	return fmt.Errorf("dlock: %s %q on %s: %w", op, key, l.addr, err)
+	return &opError{op: op, key: key, addr: l.addr, err: err}
 }
+
+// opError is the error of an operation on a key: its text is
+// `dlock: OP "KEY" on STORE: ERR`, formatted only when asked for (most
+// are matched with errors.Is and never printed: a refused try, a release).
+type opError struct {
+	op, key, addr string
+	err           error
+}
+
+func (e *opError) Error() string {
+	return fmt.Sprintf("dlock: %s %q on %s: %v", e.op, e.key, e.addr, e.err)
+}
+
+func (e *opError) Unwrap() error { return e.err }
 
 // classify turns a driver error into this package's errors: sentinels pass
 // through, the caller's context ending matches ctx.Err(), a closed locker is

@@ -40,6 +40,7 @@ type Lease struct {
 	hbCtx    context.Context    // cancelled to stop the heartbeat
 	hbCancel context.CancelFunc // (and any renewal in flight)
 	hbDone   chan struct{}      // closed when the heartbeat goroutine ends
+	hbStart  *time.Timer        // starts the heartbeat goroutine; nil: degraded
 
 	ended chan struct{} // closed when Release or Close has finished with the store
 
@@ -48,7 +49,7 @@ type Lease struct {
 	err       error
 	relErr    error       // the store release's result, reported to every Release
 	deadline  time.Time   // monotonic validity deadline
-	lossTimer *time.Timer // fires at deadline
+	lossTimer *time.Timer // fires at deadline; nil until the heartbeat starts
 
 	maxHoldAt time.Time   // start + WithMaxHold; zero: no bound
 	holdTimer *time.Timer // fires at maxHoldAt
@@ -73,15 +74,40 @@ func (l *Locker) newLease(req driver.AcquireRequest, g driver.Grant, sent time.T
 	}
 	l.leases[ls] = struct{}{}
 	ls.mu.Lock()
-	ls.lossTimer = time.AfterFunc(time.Until(ls.deadline), ls.onDeadline)
 	if o.maxHold > 0 {
 		ls.maxHoldAt = sent.Add(o.maxHold)
 		ls.holdTimer = time.AfterFunc(time.Until(ls.maxHoldAt), ls.onMaxHold)
 	}
+	// The heartbeat goroutine and the loss timer start heartbeatStart
+	// after the grant (never later than the validity deadline; the first
+	// renewal is due much later): a lease released sooner, as most leases
+	// of a busy lock are, starts neither.
+	start := min(heartbeatStart, o.effectiveHeartbeat(), time.Until(ls.deadline))
+	ls.hbStart = time.AfterFunc(start, func() {
+		ls.mu.Lock()
+		if ls.state == stateHeld {
+			ls.lossTimer = time.AfterFunc(time.Until(ls.deadline), ls.onDeadline)
+		}
+		ls.mu.Unlock()
+		ls.heartbeat(g.Lost, g.Recheck)
+	})
 	ls.mu.Unlock()
 	l.mu.Unlock()
-	go ls.heartbeat(g.Lost, g.Recheck)
 	return ls, nil
+}
+
+// heartbeatStart is how long after a grant its heartbeat goroutine starts.
+// Until then a pushed loss (Grant.Lost) or a recheck hint waits for it, so
+// this bounds the delay it adds to either, only in a lease's first moments.
+const heartbeatStart = 5 * time.Millisecond
+
+// stopHeartbeat stops the heartbeat (and any renewal in flight); hbDone is
+// closed once it has ended, or at once when it never started.
+func (ls *Lease) stopHeartbeat() {
+	ls.hbCancel()
+	if ls.hbStart != nil && ls.hbStart.Stop() {
+		close(ls.hbDone)
+	}
 }
 
 func (l *Locker) degradedLease(req driver.AcquireRequest, o options) *Lease {
@@ -205,7 +231,7 @@ func (ls *Lease) end(ctx context.Context, reason error) error {
 	ls.mu.Unlock()
 	defer close(ls.ended)
 
-	ls.hbCancel()
+	ls.stopHeartbeat()
 	<-ls.hbDone
 	ls.cancel(ls.err)
 	close(ls.done)
@@ -263,7 +289,9 @@ func (ls *Lease) lose(reason string, cause error) {
 	}
 	ls.state = stateLost
 	ls.err = l.wrap("lease", ls.key, fmt.Errorf("%w (%s): %w", ErrLeaseLost, reason, cause))
-	ls.lossTimer.Stop()
+	if ls.lossTimer != nil {
+		ls.lossTimer.Stop()
+	}
 	if ls.holdTimer != nil {
 		ls.holdTimer.Stop()
 	}
@@ -272,7 +300,7 @@ func (ls *Lease) lose(reason string, cause error) {
 
 	ls.cancel(err)
 	close(ls.done)
-	ls.hbCancel()
+	ls.stopHeartbeat()
 	l.forget(ls)
 	l.observer(ls.opts).LeaseEnded(EndEvent{
 		Store: l.store, KeyClass: ls.opts.keyClass, Held: time.Since(ls.start), TTL: ls.opts.ttl,

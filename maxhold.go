@@ -27,7 +27,7 @@ func (ls *Lease) onMaxHold() {
 	err := ls.err
 	ls.mu.Unlock()
 
-	ls.hbCancel()
+	ls.stopHeartbeat()
 	ls.cancel(err)
 	close(ls.done)
 	l.observer(ls.opts).LeaseEnded(EndEvent{

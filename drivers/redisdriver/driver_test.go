@@ -363,7 +363,7 @@ func TestInspector_InspectAndList(t *testing.T) {
 	}
 	for i, info := range infos {
 		if info.Key != want[i] || info.Fence != fences[info.Key] || info.Holder != fmt.Sprintf("holder of owner-%x", info.Key) ||
-			info.TTL != 3*time.Second || info.Remaining <= 0 || info.Remaining > 3*time.Second || info.Waiters != -1 {
+			info.TTL != 3*time.Second || info.Remaining <= 0 || info.Remaining > 3*time.Second || info.Waiters != 0 {
 			t.Errorf("List[%d] = %+v; want key %q fence %d", i, info, want[i], fences[want[i]])
 		}
 	}
@@ -517,25 +517,24 @@ func TestHinter_AcquireWokenByHint(t *testing.T) {
 	}
 }
 
-// awaitHintSubscribers waits (at most 10 s) until Redis counts two
-// subscribers on the release-hint channel of key (PUBSUB NUMSUB): the
-// holder's driver, which watches its grant there (Grant.Recheck), and a
-// waiter through d that has found key held and subscribed, so a release
-// published from now on reaches it. The holder must be subscribed before
-// the waiter starts (awaitSubscribers(…, 1)), so that two means the waiter.
+// awaitHintSubscribers waits (at most 10 s) until a waiter through d that
+// has found key held is subscribed to the channel on which it is woken
+// (PUBSUB NUMSUB): d's wake channel, where a release that hands it the key
+// publishes (wait.go), so a release from now on reaches it.
 func awaitHintSubscribers(t *testing.T, r *testservers.Redis, d *Driver, key string) {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: r.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	defer c.Close()
-	_, _, channel := d.keys(key)
+	_, _, keyChannel := d.keys(key)
+	channel := d.wakeChannel(keyChannel)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		n, err := c.PubSubNumSub(t.Context(), channel).Result()
-		if err == nil && n[channel] >= 2 {
+		if err == nil && n[channel] >= 1 {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no subscriber on the hint channel %q of %q after 10s (last: %v, %v)", channel, key, n, err)
+			t.Fatalf("no subscriber on the wake channel %q of %q after 10s (last: %v, %v)", channel, key, n, err)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -549,6 +548,7 @@ func TestHinter_NoGoroutinesOutliveStop(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
 	d := openDriver(t, r.URL())
 	d.hub.idleClose = 200 * time.Millisecond
+	d.hub.lingerFor = 50 * time.Millisecond
 	subscribeAll := func() []func() {
 		var stops []func()
 		for i := range 20 {

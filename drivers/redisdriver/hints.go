@@ -21,6 +21,12 @@ const hintConfirmWait = 500 * time.Millisecond
 // handshake for each contended acquisition.
 const hubIdleClose = 30 * time.Second
 
+// hubLinger is how long a channel stays subscribed after its last
+// subscriber left: a client that waits on a key again and again (each
+// release hands it to another waiter, and this one queues anew) keeps one
+// confirmed subscription instead of a SUBSCRIBE and an UNSUBSCRIBE per wait.
+const hubLinger = time.Second
+
 // subscriber is the pub/sub part of *redis.Client, *redis.ClusterClient and
 // *redis.Ring.
 type subscriber interface {
@@ -38,6 +44,7 @@ type hub struct {
 	sub        subscriber
 	perChannel bool
 	idleClose  time.Duration // hubIdleClose; shorter in tests
+	lingerFor  time.Duration // hubLinger; shorter in tests
 
 	subMu sync.Mutex // serializes SUBSCRIBE/UNSUBSCRIBE and connection changes
 
@@ -53,23 +60,49 @@ type hub struct {
 
 type chanState struct {
 	subs      map[*hintSub]struct{}
+	linger    *time.Timer   // unsubscribes hubLinger after the last subscriber left
 	confirmed chan struct{} // closed when Redis confirms the subscription
 	isConfirm bool
 	conn      *psConn
 }
 
-type hintSub struct{ c chan struct{} }
+// hintSub is one subscriber of a channel. A waiter's subscription (owner
+// set, see Wait) is woken only by a hand-off to its own owner token
+// ("grant:"+owner) or by a plain release hint; every other subscription
+// (owner empty: Hint, grant rechecks) by every message.
+type hintSub struct {
+	c     chan struct{}
+	owner string
+}
+
+// grantPrefix starts the message a release that hands the key to a queued
+// waiter publishes: "grant:" and the waiter's owner token.
+const grantPrefix = "grant:"
+
+// wakes reports whether message m on the channel is for s.
+func (s *hintSub) wakes(m string) bool {
+	if s.owner == "" || len(m) < len(grantPrefix) || m[:len(grantPrefix)] != grantPrefix {
+		return true
+	}
+	return m[len(grantPrefix):] == s.owner
+}
 
 type psConn struct{ ps *redis.PubSub }
 
 func newHub(sub subscriber, perChannel bool) *hub {
-	return &hub{sub: sub, perChannel: perChannel, idleClose: hubIdleClose, chans: map[string]*chanState{}}
+	return &hub{sub: sub, perChannel: perChannel, idleClose: hubIdleClose, lingerFor: hubLinger, chans: map[string]*chanState{}}
 }
 
 // subscribe adds a subscriber to channel and waits (bounded by ctx and
 // hintConfirmWait) until Redis has confirmed the subscription.
 func (h *hub) subscribe(ctx context.Context, channel string) (<-chan struct{}, func(), error) {
-	s := &hintSub{c: make(chan struct{}, 1)}
+	return h.subscribeFor(ctx, channel, "")
+}
+
+// subscribeFor is subscribe for a subscriber that only hand-offs to owner
+// (and plain release hints) wake; owner "" is woken by every message.
+func (h *hub) subscribeFor(ctx context.Context, channel, owner string) (<-chan struct{}, func(), error) {
+	s := &hintSub{c: make(chan struct{}, 1), owner: owner}
 
 	h.subMu.Lock()
 	h.mu.Lock()
@@ -85,6 +118,10 @@ func (h *hub) subscribe(ctx context.Context, channel string) (<-chan struct{}, f
 		h.chans[channel] = st
 	}
 	st.subs[s] = struct{}{}
+	if st.linger != nil {
+		st.linger.Stop()
+		st.linger = nil
+	}
 	confirmed := st.confirmed
 	var conn *psConn
 	needOpen := false
@@ -175,6 +212,9 @@ func (h *hub) dispatch(c *psConn, msgs <-chan any) {
 			h.mu.Lock()
 			if st := h.chans[m.Channel]; st != nil && st.conn == c {
 				for s := range st.subs {
+					if !s.wakes(m.Payload) {
+						continue
+					}
 					select {
 					case s.c <- struct{}{}:
 					default:
@@ -186,19 +226,30 @@ func (h *hub) dispatch(c *psConn, msgs <-chan any) {
 	}
 }
 
-// unsubscribe removes s from channel, unsubscribing and closing connections
-// that nobody needs any more.
+// unsubscribe removes s from channel. The channel stays subscribed for
+// hubLinger after its last subscriber left (see drop).
 func (h *hub) unsubscribe(channel string, s *hintSub) {
-	h.subMu.Lock()
-	defer h.subMu.Unlock()
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	st := h.chans[channel]
 	if st == nil {
-		h.mu.Unlock()
 		return
 	}
 	delete(st.subs, s)
-	if len(st.subs) > 0 || h.closed {
+	if len(st.subs) > 0 || h.closed || st.linger != nil {
+		return
+	}
+	st.linger = time.AfterFunc(h.lingerFor, func() { h.drop(channel, st) })
+}
+
+// drop unsubscribes channel, when st is still its state and nobody has
+// subscribed since its linger began, closing connections that nobody needs
+// any more.
+func (h *hub) drop(channel string, st *chanState) {
+	h.subMu.Lock()
+	defer h.subMu.Unlock()
+	h.mu.Lock()
+	if h.closed || h.chans[channel] != st || len(st.subs) > 0 {
 		h.mu.Unlock()
 		return
 	}
@@ -272,6 +323,9 @@ func (h *hub) close() {
 	for _, st := range h.chans {
 		if st.conn != nil {
 			conns[st.conn] = struct{}{}
+		}
+		if st.linger != nil {
+			st.linger.Stop()
 		}
 	}
 	h.shared = nil

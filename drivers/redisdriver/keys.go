@@ -13,6 +13,12 @@ import (
 //	e(P):{e(K)}:lock      hash {owner, fence, holder, ttl}, expiring after ttl
 //	e(P):{t(S)}:fences    shared fence counter of slot S = slot(e(K)), never expiring
 //	e(P):{e(K)}:released  pub/sub channel of release hints
+//	e(P):{e(K)}:queue     list of the owner tokens of queued waiters, FIFO
+//	e(P):{e(K)}:waiting   hash: queued owner token -> "deadline ttl n
+//	                      channel holder" (see Wait); both expire when no
+//	                      waiter refreshes
+//	e(P):wake:ID          pub/sub channel of one driver's hand-offs (a Ring
+//	                      uses the key's release channel instead)
 //	e(P):{e(K)}:fence     legacy per-key fence counter (versions before the
 //	                      shared counters); folded into the shared counter
 //	                      and deleted by the next acquisition of K, or by
@@ -56,6 +62,8 @@ const (
 	legacyFenceSuffix   = "}:fence"
 	sharedCounterSuffix = "}:fences"
 	channelSuffix       = "}:released"
+	queueSuffix         = "}:queue"
+	waitingSuffix       = "}:waiting"
 )
 
 func escape(s string) string   { return escaper.Replace(s) }
@@ -67,6 +75,45 @@ func (d *Driver) keys(key string) (lock, fence, channel string) {
 	tag := escape(key)
 	base := d.ns + ":{" + tag
 	return base + lockSuffix, d.counterKey(slot(tag)), base + channelSuffix
+}
+
+// lockKeys returns the Redis names of every key of key's lock, in the order
+// of the acquire, wait and release scripts' KEYS: the lock hash, the shared
+// fence counter, the legacy per-key counter, the waiter queue and the
+// waiters' hash; and the release channel.
+//
+// The names of recently used keys are cached (up to keyCacheSize keys, then
+// the cache starts afresh): a client that takes the same locks again and
+// again builds each name once. The returned slice is shared: read only.
+func (d *Driver) lockKeys(key string) (keys []string, channel string) {
+	if v, ok := d.keyCache.Load(key); ok {
+		ks := v.(*keySet)
+		return ks.keys, ks.channel
+	}
+	keys, channel = d.buildLockKeys(key)
+	if d.keyCount.Add(1) > keyCacheSize {
+		d.keyCache.Clear()
+		d.keyCount.Store(0)
+	}
+	d.keyCache.Store(key, &keySet{keys, channel})
+	return keys, channel
+}
+
+// keyCacheSize bounds the driver's cache of key names (lockKeys).
+const keyCacheSize = 4096
+
+type keySet struct {
+	keys    []string
+	channel string
+}
+
+func (d *Driver) buildLockKeys(key string) (keys []string, channel string) {
+	tag := escape(key)
+	base := d.ns + ":{" + tag
+	return []string{
+		base + lockSuffix, d.counterKey(slot(tag)), base + legacyFenceSuffix,
+		base + queueSuffix, base + waitingSuffix,
+	}, base + channelSuffix
 }
 
 // legacyFenceKey returns the Redis name of key's per-key fence counter of

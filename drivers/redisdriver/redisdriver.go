@@ -79,13 +79,31 @@
 //
 // # Capabilities
 //
-// The driver implements driver.Inspector (Inspect and List; Waiters is
-// always -1 because Redis keeps no queue) and driver.Hinter: a waiter
-// subscribes to the key's release channel "P:{K}:released" and retries as
-// soon as a hint arrives instead of sleeping out its backoff. Hints are
-// only hints: Redis pub/sub is fire-and-forget, expiries publish nothing,
-// and a missed hint costs latency, never safety. It is not a driver.Waiter:
-// waiting is the root package's full-jitter backoff polling.
+// The driver implements driver.Inspector (Inspect and List; Waiters counts
+// the queue below), driver.Hinter (a
+// subscription to the key's release channel "P:{K}:released", for readers
+// that hold nothing) and driver.Waiter:
+//
+//   - Wait queues the waiter on Redis, in a list of owner tokens beside the
+//     lock hash, once it has subscribed to the key's channel. Release, in
+//     its one script, grants the key to the first live queued waiter (a
+//     new fence; the grant expires after a short claim window until the
+//     waiter claims it) and publishes that waiter's owner token on the
+//     waiter's driver's own channel "P:wake:ID", so one release wakes one
+//     waiter of one client, in FIFO order, and the hand-off needs no retry
+//     race: no thundering herd.
+//   - A lost wake-up (pub/sub is fire-and-forget; an expiry publishes
+//     nothing; a crashed releaser releases nothing) costs latency, never
+//     safety: each queued waiter also polls with full-jitter exponential
+//     backoff (10 ms doubling to 500 ms), and each poll claims a hand-off
+//     that was not announced, takes a key that expired, and keeps the
+//     waiter's place. A waiter that crashed or left keeps the key from
+//     others for at most the claim window (1 s), and is skipped once it
+//     stops polling for 3 s. See wait.go for the details.
+//   - With ReleaseHints off Wait queues nothing and only polls.
+//
+// Waiting is thus the driver's, not the root package's backoff polling
+// (dlock.WithBackoff does not apply to it).
 //
 // It is a driver.SharedLocker for read-write locks (Shared with Limit 0 and
 // Exclusive; no counted permits): owner-checked Lua over a hash of grants
@@ -95,11 +113,13 @@
 //
 // Loss: Redis cannot push loss (driver.Grant.Lost stays nil), but with
 // release hints on, the holder's driver subscribes to the key's channel
-// while it holds the grant and passes a message there on as
-// driver.Grant.Recheck, so that the root package renews at once. A force
-// release (dlock release --force) therefore ends the old holder's lease
-// within a round trip, not at its next renewal (up to a third of the TTL
-// later). The message is only a hint: a forged or stale one costs one
+// once it has held the grant for 100 ms (most grants of a busy lock end
+// sooner, and would pay a SUBSCRIBE and an UNSUBSCRIBE for nothing) and
+// passes a message there on as driver.Grant.Recheck, so that the root
+// package renews at once. A force release (dlock release --force) of a
+// grant held that long therefore ends the old holder's lease within a round
+// trip, not at its next renewal (up to a third of the TTL later); in a
+// grant's first 100 ms it is found by the next renewal. The message is only a hint: a forged or stale one costs one
 // renewal, which succeeds, and the lease goes on. Expiry publishes
 // nothing; it is found by renewal and the validity deadline. The
 // subscription shares the driver's pub/sub connection, which stays open
@@ -221,10 +241,16 @@ type Driver struct {
 	hub    *hub         // nil when hints are off or the client cannot subscribe
 	closer func() error // closes an owned client; nil otherwise
 	addr   string       // host:port when opened by URL, for errors
+	wakeID string       // random; names the driver's wake channel (wait.go)
 	closed atomic.Bool
+
+	keyCache sync.Map // key -> *keySet (lockKeys)
+	keyCount atomic.Int64
 
 	watchMu sync.Mutex
 	watches map[grantID]*grantWatch // recheck subscriptions of held grants
+	pending []*grantWatch           // watches not yet subscribed, oldest first
+	sweep   *time.Timer             // starts the pending watches; nil when none
 	watchWG sync.WaitGroup
 }
 
@@ -244,7 +270,7 @@ func New(client Client, opts *Options) *Driver {
 	if o.Prefix == "" {
 		o.Prefix = DefaultPrefix
 	}
-	d := &Driver{client: client, ns: escape(o.Prefix), hints: o.ReleaseHints, watches: map[grantID]*grantWatch{}}
+	d := &Driver{client: client, ns: escape(o.Prefix), hints: o.ReleaseHints, watches: map[grantID]*grantWatch{}, wakeID: randomID()}
 	if sub, ok := client.(subscriber); ok && o.ReleaseHints {
 		_, ring := client.(*redis.Ring)
 		d.hub = newHub(sub, ring)
@@ -375,16 +401,72 @@ if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
 end
 return 0
 `)
-	// ARGV: owner, hint channel or "". Returns 1, or 0 when not the owner.
+	// KEYS: lock, shared counter, legacy counter, queue, waiting
+	// (lockKeys). ARGV: owner, hint channel or "", claim window in ms.
+	// Only while owner holds the lock, deletes the grant and, when the
+	// grant's hash says that waiters queued behind it (field q, set by the
+	// wait script), hands the key to the first live queued waiter (a new
+	// fence, the waiter's owner, holder and TTL, expiring after the claim
+	// window until claimed; see wait.go), publishing "grant:" and its
+	// owner token on the waiter's wake channel (and "released" on the
+	// key's channel, for readers of hints: Hint); with nobody to hand to,
+	// publishes "released". When owner does not hold the lock, removes
+	// owner's queue entry, if any (a waiter leaving). Returns 1, or 0 when
+	// not the owner.
 	releaseScript = redis.NewScript(`
-if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  if ARGV[2] ~= '' then
-    redis.call('PUBLISH', ARGV[2], 'released')
-  end
-  return 1
+local v = redis.call('HMGET', KEYS[1], 'owner', 'q')
+if v[1] ~= ARGV[1] then
+  redis.call('HDEL', KEYS[5], ARGV[1])
+  return 0
 end
-return 0
+redis.call('DEL', KEYS[1])
+local now
+while v[2] do
+  local w = redis.call('LPOP', KEYS[4])
+  if not w then
+    break
+  end
+  local e = redis.call('HGET', KEYS[5], w)
+  if e then
+    redis.call('HDEL', KEYS[5], w)
+    if not now then
+      local t = redis.call('TIME')
+      now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    end
+    local a = string.find(e, ' ', 1, true)
+    local b = string.find(e, ' ', a + 1, true)
+    local c = string.find(e, ' ', b + 1, true)
+    if tonumber(string.sub(e, 1, a - 1)) >= now then
+      local ttl = string.sub(e, a + 1, b - 1)
+      local n = tonumber(string.sub(e, b + 1, c - 1))
+      local wake = string.sub(e, c + 1, c + n)
+      local old = redis.call('GET', KEYS[3])
+      if old then
+        if tonumber(old) > tonumber(redis.call('GET', KEYS[2]) or '0') then
+          redis.call('SET', KEYS[2], old)
+        end
+        redis.call('DEL', KEYS[3])
+      end
+      local fence = redis.call('INCR', KEYS[2])
+      redis.call('HSET', KEYS[1], 'owner', w, 'fence', fence, 'holder', string.sub(e, c + n + 1), 'ttl', ttl)
+      if redis.call('LLEN', KEYS[4]) > 0 then
+        redis.call('HSET', KEYS[1], 'q', '1')
+      end
+      redis.call('PEXPIRE', KEYS[1], math.min(tonumber(ttl), tonumber(ARGV[3])))
+      if ARGV[2] ~= '' then
+        redis.call('PUBLISH', wake, 'grant:' .. w)
+        if wake ~= ARGV[2] then
+          redis.call('PUBLISH', ARGV[2], 'released')
+        end
+      end
+      return 1
+    end
+  end
+end
+if ARGV[2] ~= '' then
+  redis.call('PUBLISH', ARGV[2], 'released')
+end
+return 1
 `)
 	// KEYS[1] is a legacy per-key counter, KEYS[2] the shared counter of
 	// its slot. Folds the first into the second (max) and deletes it.
@@ -400,13 +482,14 @@ end
 redis.call('DEL', KEYS[1])
 return 1
 `)
-	// Returns nil when free, else {fence, holder, ttl ms, pttl ms}.
+	// KEYS: lock, waiting. Returns nil when free, else {fence, holder,
+	// ttl ms, pttl ms, queued waiters}.
 	inspectScript = redis.NewScript(`
 local v = redis.call('HMGET', KEYS[1], 'owner', 'fence', 'holder', 'ttl')
 if not v[1] then
   return false
 end
-return {v[2] or '0', v[3] or '', v[4] or '0', redis.call('PTTL', KEYS[1])}
+return {v[2] or '0', v[3] or '', v[4] or '0', redis.call('PTTL', KEYS[1]), redis.call('HLEN', KEYS[2])}
 `)
 )
 
@@ -421,9 +504,8 @@ func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (dri
 	if err := driver.CheckRequest(req); err != nil {
 		return driver.Grant{}, fmt.Errorf("redisdriver: acquire: %w", err)
 	}
-	lock, fence, _ := d.keys(req.Key)
-	n, err := acquireScript.Run(ctx, d.client, []string{lock, fence, d.legacyFenceKey(req.Key)},
-		req.Owner, req.TTL.Milliseconds(), req.Holder).Int64()
+	keys, _ := d.lockKeys(req.Key)
+	n, err := acquireScript.Run(ctx, d.client, keys[:3], req.Owner, req.TTL.Milliseconds(), req.Holder).Int64()
 	if err != nil {
 		return driver.Grant{}, storeErr(ctx, "acquire", err)
 	}
@@ -443,8 +525,8 @@ func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration
 	if err := driver.CheckGrant(key, owner, ttl); err != nil {
 		return fmt.Errorf("redisdriver: renew: %w", err)
 	}
-	lock, _, _ := d.keys(key)
-	n, err := renewScript.Run(ctx, d.client, []string{lock}, owner, ttl.Milliseconds()).Int64()
+	keys, _ := d.lockKeys(key)
+	n, err := renewScript.Run(ctx, d.client, keys[:1], owner, ttl.Milliseconds()).Int64()
 	if err != nil {
 		return storeErr(ctx, "renew", err)
 	}
@@ -470,11 +552,11 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 	// The grant's own recheck subscription ends first: the release hint
 	// published below is for waiters, not for this holder.
 	d.unwatch(key, owner)
-	lock, _, channel := d.keys(key)
+	keys, channel := d.lockKeys(key)
 	if !d.hints {
 		channel = ""
 	}
-	n, err := releaseScript.Run(ctx, d.client, []string{lock}, owner, channel).Int64()
+	n, err := releaseScript.Run(ctx, d.client, keys, owner, channel, handoffClaimMs).Int64()
 	if err != nil {
 		return storeErr(ctx, "release", err)
 	}
@@ -505,8 +587,9 @@ func (d *Driver) Hint(ctx context.Context, key string) (<-chan struct{}, func(),
 }
 
 // Inspect returns the current grant of key: its fence, holder description,
-// TTL and the time Redis says is left (PTTL, in milliseconds). Waiters is -1:
-// Redis keeps no queue. It returns an error matching driver.ErrNotAcquired
+// TTL, the time Redis says is left (PTTL, in milliseconds) and the number of
+// waiters queued by Wait (including, until a release skips them, waiters
+// that crashed within the last few seconds). It returns an error matching driver.ErrNotAcquired
 // when the key is free, or the store's error wrapped.
 func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, error) {
 	if err := d.checkOpen(); err != nil {
@@ -519,18 +602,21 @@ func (d *Driver) Inspect(ctx context.Context, key string) (driver.HolderInfo, er
 }
 
 func (d *Driver) inspect(ctx context.Context, c Client, key string) (driver.HolderInfo, error) {
-	lock, _, _ := d.keys(key)
-	res, err := inspectScript.Run(ctx, c, []string{lock}).Slice()
+	keys, _ := d.lockKeys(key)
+	res, err := inspectScript.Run(ctx, c, []string{keys[0], keys[4]}).Slice()
 	if errors.Is(err, redis.Nil) {
 		return driver.HolderInfo{}, fmt.Errorf("redisdriver: inspect: %w", driver.ErrNotAcquired)
 	}
 	if err != nil {
 		return driver.HolderInfo{}, storeErr(ctx, "inspect", err)
 	}
-	if len(res) != 4 {
+	if len(res) != 5 {
 		return driver.HolderInfo{}, fmt.Errorf("redisdriver: inspect: unexpected reply %v", res)
 	}
-	info := driver.HolderInfo{Key: key, Waiters: -1}
+	info := driver.HolderInfo{Key: key}
+	if n, ok := res[4].(int64); ok {
+		info.Waiters = int(n)
+	}
 	info.Fence, _ = strconv.ParseUint(fmt.Sprint(res[0]), 10, 64)
 	info.Holder = fmt.Sprint(res[1])
 	if ms, err := strconv.ParseInt(fmt.Sprint(res[2]), 10, 64); err == nil {
