@@ -168,21 +168,6 @@ func (s *Server) writable() error {
 	return nil
 }
 
-// propose commits c through Raft and returns its result.
-func (s *Server) propose(c *command) (applyResult, error) {
-	start := time.Now()
-	f := s.raft.Apply(c.encode(), s.cfg.ApplyTimeout)
-	if err := f.Error(); err != nil {
-		return applyResult{}, s.raftErr(err)
-	}
-	s.metrics.applySeconds.Observe(time.Since(start).Seconds())
-	r, ok := f.Response().(applyResult)
-	if !ok || r.code == resBadCommand {
-		return applyResult{}, apiErr(codes.Internal, ReasonInternal, "command not applied")
-	}
-	return r, nil
-}
-
 // acquireIn is one acquisition request, validated by acquire.
 type acquireIn struct {
 	key, owner, holder, session string
