@@ -584,3 +584,67 @@ func TestServer_FencesAfterRestartWithBatches(t *testing.T) {
 		t.Fatalf("fence %d after restart (%v), not above %d", out.fence, err, top)
 	}
 }
+
+// burstOn runs n concurrent acquisitions with wait on 10 keys, each
+// released once granted, against s.
+func burstOn(t *testing.T, s *Server, n int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out, err := s.acquire(t.Context(), acquireIn{key: fmt.Sprint("burst-", i%10), owner: fmt.Sprintf("owner-%04d-xxxx", i), ttl: time.Minute, wait: true}, nil, nil)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if _, err := s.release(out.key, out.owner); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// TestCluster_BatchEntriesGated: in a cluster the leader writes no batch
+// entry (a member of an earlier version could not decode it) and checks
+// leadership with a quorum round, not as a sole voter; with
+// BatchInCluster it batches, and every member applies the batches to the
+// same table.
+func TestCluster_BatchEntriesGated(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprint("BatchInCluster=", batch), func(t *testing.T) {
+			c := startLeaseCluster(t, 3, func(cfg *Config) { cfg.BatchInCluster = batch })
+			s := c.leader(20 * time.Second)
+			for _, n := range c.nodes {
+				if n.soleVoter() {
+					t.Fatalf("%s is a sole voter in a cluster of 3", n.cfg.NodeID)
+				}
+			}
+			burstOn(t, s, 200)
+			s.proposer.mu.Lock()
+			entries, commands := s.proposer.entries, s.proposer.commands
+			s.proposer.mu.Unlock()
+			if !batch && entries != commands {
+				t.Fatalf("%d commands in %d entries: batched in a cluster without BatchInCluster", commands, entries)
+			}
+			if batch && entries >= commands {
+				t.Fatalf("%d commands in %d entries: not batched with BatchInCluster", commands, entries)
+			}
+			if err := s.raft.Barrier(10 * time.Second).Error(); err != nil {
+				t.Fatal(err)
+			}
+			want := dump(s.fsm)
+			deadline := time.Now().Add(10 * time.Second)
+			for _, n := range c.nodes {
+				for dump(n.fsm) != want {
+					if time.Now().After(deadline) {
+						t.Fatalf("%s's table differs from the leader's:\n%s\nleader:\n%s", n.cfg.NodeID, dump(n.fsm), want)
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
+		})
+	}
+}

@@ -172,5 +172,5 @@ func (s *Server) batchEntries() bool {
 	if s.cfg.BatchInCluster {
 		return true
 	}
-	return len(s.raft.GetConfiguration().Configuration().Servers) == 1
+	return s.soleVoter()
 }
