@@ -177,8 +177,10 @@
 // Hence no leader ever expires a grant that its holder may still believe
 // valid. A renewal that changes the TTL goes through the log, so that a new
 // leader restarts the countdown with the new TTL. For a single node, step 2
-// is immediate (VerifyLeader answers at once with a quorum of one) and step 3
-// is moot. Step 2's check is shared by concurrent renewals and reads, each
+// is immediate and step 3 is moot: VerifyLeader would answer from raft's
+// leader loop with a quorum of one, so a sole voter (the latest
+// configuration names it alone) reads raft's leader state instead and does
+// not wait for that loop, which is busy during every log write. Step 2's check is shared by concurrent renewals and reads, each
 // waiting for a round that started after it arrived (see Reads). The cluster
 // scenarios of server/clustertest (a leader cut off from both followers, a
 // paused old leader) test steps 3 and 5.
