@@ -648,3 +648,64 @@ func TestCluster_BatchEntriesGated(t *testing.T) {
 		})
 	}
 }
+
+// TestServer_QueueEntryRidesWithRelease: a wait for a held key does not
+// start an entry alone: the holder's release, proposed meanwhile, takes
+// it along (one entry, one fsync, for both), and the waiter is granted by
+// that entry. Alone, it is still written (after at most maxQueueDefer).
+func TestServer_QueueEntryRidesWithRelease(t *testing.T) {
+	s := startNode(t)
+	ctx := t.Context()
+	a, err := s.acquire(ctx, acquireIn{key: "k", owner: "owner-a-000000", ttl: time.Minute}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.proposer.mu.Lock()
+	s.proposer.queueDefer = time.Hour // b waits for the release
+	s.proposer.mu.Unlock()
+	before := s.raft.LastIndex()
+	type result struct {
+		out acquireOut
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		out, err := s.acquire(ctx, acquireIn{key: "k", owner: "owner-b-000000", ttl: time.Minute, wait: true}, nil, nil)
+		got <- result{out, err}
+	}()
+	pollUntil(t, 10*time.Second, "b's proposal deferred", func() bool {
+		s.proposer.mu.Lock()
+		defer s.proposer.mu.Unlock()
+		return len(s.proposer.queue) == 1
+	})
+	s.proposer.mu.Lock()
+	s.proposer.queueDefer = 0
+	s.proposer.mu.Unlock()
+	next, err := s.release("k", a.owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	if r.err != nil || r.out.fence != next || next == 0 {
+		t.Fatalf("b: %+v %v; release handed fence %d", r.out, r.err, next)
+	}
+	if after := s.raft.LastIndex(); after != before+1 {
+		t.Fatalf("the queue entry and the release took entries %d..%d, want one", before+1, after)
+	}
+	// Alone: c queues behind b, with nothing else proposed.
+	queued := make(chan int, 1)
+	go func() {
+		_, _ = s.acquire(ctx, acquireIn{key: "k", owner: "owner-c-000000", ttl: time.Minute, wait: true}, nil, func(pos int) { queued <- pos })
+	}()
+	select {
+	case pos := <-queued:
+		if pos != 1 {
+			t.Fatalf("c queued at %d, want 1", pos)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a lone queue entry was never written")
+	}
+	if _, err := s.release("k", "owner-b-000000"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -333,11 +333,16 @@ func (s *Server) beginAcquire(ctx context.Context, in acquireIn) (*queuedAcquire
 			s.waits.remove(ko, w)
 		}
 	}()
-	r, err := s.propose(&command{
+	c := &command{
 		op: opAcquire, key: in.key, owner: in.owner, holder: in.holder, session: in.session,
 		ttl: in.ttl, lockDelay: in.lockDelay, wait: in.wait, shared: in.shared, limit: uint64(in.limit),
 		maxWaiters: uint64(s.cfg.MaxWaitersPerKey), maxLeases: uint64(s.cfg.MaxLeases), maxTotalWaiters: uint64(s.cfg.MaxWaiters),
-	})
+	}
+	propose := s.propose
+	if in.wait && s.fsm.wouldRefuse(in.key, in.owner, in.shared, int(in.limit)) {
+		propose = s.proposeQueued // it will likely queue: ride with the next entry (propose.go)
+	}
+	r, err := propose(c)
 	if err != nil {
 		return nil, acquireOut{}, err
 	}

@@ -31,6 +31,10 @@ const (
 	maxBatchBytes = 256 << 10
 )
 
+// maxQueueDefer bounds how long a wait for a held key (proposeQueued)
+// waits for another proposal to ride with when nothing else is proposed.
+const maxQueueDefer = 2 * time.Millisecond
+
 // proposal is one command waiting for its entry to be applied.
 type proposal struct {
 	data []byte // the command's plain encoding
@@ -44,6 +48,11 @@ type proposer struct {
 	mu    sync.Mutex
 	busy  bool        // a round is in flight: new proposals queue
 	queue []*proposal // the next round
+	// deferTimer starts a round for deferred proposals (proposeQueued)
+	// that nothing else took along; deferArmed: it is set to fire.
+	deferTimer *time.Timer
+	deferArmed bool
+	queueDefer time.Duration // 0: maxQueueDefer (tests set it)
 	// entries and commands count what was written (tests).
 	entries, commands uint64
 }
@@ -52,19 +61,53 @@ type proposer struct {
 // once when no round is in flight (c alone, as a plain entry), otherwise
 // with the commands that queue meanwhile in the next round.
 func (s *Server) propose(c *command) (applyResult, error) {
+	return s.proposeWith(c, false)
+}
+
+// proposeQueued is propose for an acquisition with wait of a key that is
+// held: it will most likely be queued, and its caller waits for the
+// holder's release anyway, so when no round is in flight it does not
+// start one alone but waits, up to maxQueueDefer, for the next proposal
+// to take it along. In a handoff loop (W2: the previous holder queues
+// again while the new holder claims and releases) the queue entry then
+// shares the release's entry and fsync instead of taking one of its own
+// that the release would wait behind: one disk write per handoff, not two.
+// A release never waits for it; the queue entry is acknowledged, as
+// always, only once committed.
+func (s *Server) proposeQueued(c *command) (applyResult, error) {
+	return s.proposeWith(c, true)
+}
+
+func (s *Server) proposeWith(c *command, deferred bool) (applyResult, error) {
 	start := time.Now()
 	p := &proposal{data: c.encode()}
 	b := &s.proposer
 	b.mu.Lock()
-	if b.busy {
+	switch {
+	case b.busy || deferred:
 		p.done = make(chan struct{})
 		b.queue = append(b.queue, p)
+		if !b.busy && !b.deferArmed {
+			b.deferArmed = true
+			d := b.queueDefer
+			if d == 0 {
+				d = maxQueueDefer
+			}
+			if b.deferTimer == nil {
+				b.deferTimer = time.AfterFunc(d, s.sendDeferred)
+			} else {
+				b.deferTimer.Reset(d)
+			}
+		}
 		b.mu.Unlock()
 		<-p.done
-	} else {
+	default:
+		// Deferred proposals waiting in the queue go first, in this
+		// caller's round.
+		round := append(b.takeQueue(), p)
 		b.busy = true
 		b.mu.Unlock()
-		s.sendRound([]*proposal{p})
+		s.sendRound(round)
 		if next := s.nextRound(); next != nil {
 			// Proposals queued behind this one: a goroutine sends them
 			// (and those that queue behind them), so that this caller
@@ -79,6 +122,23 @@ func (s *Server) propose(c *command) (applyResult, error) {
 	return p.res, nil
 }
 
+// sendDeferred starts a round for the deferred proposals that no other
+// proposal took along within maxQueueDefer.
+func (s *Server) sendDeferred() {
+	b := &s.proposer
+	b.mu.Lock()
+	b.deferArmed = false
+	if b.busy || len(b.queue) == 0 {
+		b.mu.Unlock()
+		return
+	}
+	q := b.queue
+	b.queue = nil
+	b.busy = true
+	b.mu.Unlock()
+	s.sendRounds(q)
+}
+
 // nextRound takes the queue, or ends the busy state when it is empty.
 func (s *Server) nextRound() []*proposal {
 	b := &s.proposer
@@ -88,8 +148,17 @@ func (s *Server) nextRound() []*proposal {
 		b.busy = false
 		return nil
 	}
+	return b.takeQueue()
+}
+
+// takeQueue empties the queue for a round and disarms the timer of
+// deferred proposals, which go in that round; with b.mu held.
+func (b *proposer) takeQueue() []*proposal {
 	q := b.queue
 	b.queue = nil
+	if b.deferArmed && b.deferTimer.Stop() {
+		b.deferArmed = false
+	}
 	return q
 }
 
