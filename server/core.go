@@ -168,21 +168,6 @@ func (s *Server) writable() error {
 	return nil
 }
 
-// propose commits c through Raft and returns its result.
-func (s *Server) propose(c *command) (applyResult, error) {
-	start := time.Now()
-	f := s.raft.Apply(c.encode(), s.cfg.ApplyTimeout)
-	if err := f.Error(); err != nil {
-		return applyResult{}, s.raftErr(err)
-	}
-	s.metrics.applySeconds.Observe(time.Since(start).Seconds())
-	r, ok := f.Response().(applyResult)
-	if !ok || r.code == resBadCommand {
-		return applyResult{}, apiErr(codes.Internal, ReasonInternal, "command not applied")
-	}
-	return r, nil
-}
-
 // acquireIn is one acquisition request, validated by acquire.
 type acquireIn struct {
 	key, owner, holder, session string
@@ -348,11 +333,16 @@ func (s *Server) beginAcquire(ctx context.Context, in acquireIn) (*queuedAcquire
 			s.waits.remove(ko, w)
 		}
 	}()
-	r, err := s.propose(&command{
+	c := &command{
 		op: opAcquire, key: in.key, owner: in.owner, holder: in.holder, session: in.session,
 		ttl: in.ttl, lockDelay: in.lockDelay, wait: in.wait, shared: in.shared, limit: uint64(in.limit),
 		maxWaiters: uint64(s.cfg.MaxWaitersPerKey), maxLeases: uint64(s.cfg.MaxLeases), maxTotalWaiters: uint64(s.cfg.MaxWaiters),
-	})
+	}
+	propose := s.propose
+	if in.wait && s.fsm.wouldRefuse(in.key, in.owner, in.shared, int(in.limit)) {
+		propose = s.proposeQueued // it will likely queue: ride with the next entry (propose.go)
+	}
+	r, err := propose(c)
 	if err != nil {
 		return nil, acquireOut{}, err
 	}

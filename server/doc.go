@@ -27,13 +27,14 @@
 //
 // The fence of a grant is the Raft log index of the entry that made it, or,
 // when an earlier grant took that number already (one entry can grant
-// several Shared grants, below), one more than the greatest fence issued
+// several Shared grants, below, and one batch entry carries many commands:
+// see Batching), one more than the greatest fence issued
 // (the FSM's lastFence: fence = max(index, lastFence+1)). So every grant has
 // its own fence, a key's fences are strictly increasing in grant order,
 // never reused, and survive restarts (lastFence is replayed from the log
 // and kept in snapshots; a snapshot written before it existed restores it
 // as its greatest fence, which was an index no greater than the snapshot's).
-// While no Shared grant was ever made, fences are exactly the indexes, as
+// While no entry ever made two grants, fences are exactly the indexes, as
 // before. Fences are unique server-wide, but only a key's are ordered for a
 // resource to compare.
 //
@@ -176,8 +177,10 @@
 // Hence no leader ever expires a grant that its holder may still believe
 // valid. A renewal that changes the TTL goes through the log, so that a new
 // leader restarts the countdown with the new TTL. For a single node, step 2
-// is immediate (VerifyLeader answers at once with a quorum of one) and step 3
-// is moot. Step 2's check is shared by concurrent renewals and reads, each
+// is immediate and step 3 is moot: VerifyLeader would answer from raft's
+// leader loop with a quorum of one, so a sole voter (the latest
+// configuration names it alone) reads raft's leader state instead and does
+// not wait for that loop, which is busy during every log write. Step 2's check is shared by concurrent renewals and reads, each
 // waiting for a round that started after it arrived (see Reads). The cluster
 // scenarios of server/clustertest (a leader cut off from both followers, a
 // paused old leader) test steps 3 and 5.
@@ -290,10 +293,64 @@
 //
 // # Group commit
 //
-// Every request is one Raft entry; concurrent requests share one log write
-// and one fsync: raft's BatchApplyCh collects up to Config.MaxAppendEntries
-// proposals per disk write, and the FSM applies them as one batch
-// (raft.BatchingFSM). A request waits for no disk write but its own batch's.
+// Concurrent requests share one log write and one fsync: raft's
+// BatchApplyCh collects up to Config.MaxAppendEntries entries per disk write,
+// and the FSM applies them as one batch (raft.BatchingFSM). A request waits
+// for no disk write but its own batch's.
+//
+// # Batching
+//
+// Commands are also batched into entries (propose.go, after the group
+// commit of databases): one round of entries is in flight at a time; a
+// command proposed while none is goes at once, alone, from its caller's
+// goroutine, as the plain entry it always was (an idle server adds no
+// wait); the commands proposed while a round is in flight, from all
+// connections and the server's own loops, go together as the next round,
+// in entries of at most 512 commands and 256 KiB. A batch entry (encoding
+// version 4: opBatch, a count, then each command's plain encoding with its
+// length) costs one raft.Apply, one future, one log record and one FSM
+// call; the FSM decodes it whole (a malformed one is a bad command that
+// changes nothing) and applies its commands in order under one lock, each
+// with its own result for its caller.
+//
+// One kind of proposal waits for company: an acquisition with wait of a
+// key that is held (it will most likely queue, and its caller waits for
+// the holder's release anyway) does not start a round alone; it goes with
+// the next proposal, or after 2 ms when none comes. In a handoff loop the
+// previous holder's new queue entry otherwise took an fsync of its own
+// that the next release waited behind: two disk writes per handoff, now
+// about one (BenchmarkHandoff's entries/handoff). A release, a try and a
+// wait for a free key never wait; a queue entry is acknowledged only
+// once committed, as before.
+//
+// Every command of a batch entry runs at the entry's index. That index is
+// a grant version, a lock-delay version and a queue entry's since, and
+// these stay sound: each is compared for equality with what a later
+// command names (an expiry, a suspect mark, the end of a delay, an idle
+// purge), and a later command is proposed only after the leader saw the
+// entry applied, so it can only name the version the entry left last; two
+// states that share an index inside one entry (a grant and its TTL
+// change; a grant, its release and a new grant of the same key) are never
+// both named, because the observer hears the entry's events in order and
+// keeps the last. Commands that race in one entry (a renewal and an expiry
+// proposed for the version before it) apply in the entry's order, as they
+// would in two entries in that order. Fences do not use the index alone:
+// the n-th grant of an entry gets max(index, lastFence+1), so fences stay
+// unique server-wide and strictly increasing per key, across snapshots (v4
+// snapshots keep lastFence when it is ahead of the applied index) and
+// restarts (replay is deterministic). TestFSM_BatchSameKeyTwice and
+// FuzzFSMApplyBatch check that a batch gives every command the result it
+// would get in an entry of its own.
+//
+// Mixed versions. A member of a version before batching cannot decode a
+// batch entry: it would answer it as a bad command, change nothing, and its
+// table would part from the leader's. So the leader writes batch entries
+// only while the Raft configuration has this node alone (the embedded
+// default), or when Config.BatchInCluster (--batch-in-cluster) says that
+// every member decodes them; otherwise a round is written as one plain
+// entry per command (Raft still writes the round with one fsync). Upgrade
+// every member first, then turn BatchInCluster on; and a member that
+// joins a single node whose log holds batch entries must run this version.
 //
 // # API, limits and errors
 //

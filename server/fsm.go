@@ -32,6 +32,9 @@ const (
 	// opEndSharedDelay: the lock-delay of a lost Shared grant (its permit
 	// stays taken meanwhile) has run out: free the permit (shared.go).
 	opEndSharedDelay opcode = 15
+	// opBatch: an entry of encoding version 4 carrying several commands,
+	// applied in order at the entry's index (propose.go, encodeBatch).
+	opBatch opcode = 16
 )
 
 // keyOwner names one grant or one queue entry.
@@ -178,6 +181,85 @@ func (c *command) encode() []byte {
 	return e.b
 }
 
+// batchVersion is the encoding version of a batch entry: the version byte,
+// opBatch, the number of commands n (at least 1), then n times the length
+// and bytes of one command's plain encoding (versions 1 to 3; never a batch
+// in a batch). Nothing follows the last command. A single command is never
+// written as a batch: its entry stays byte for byte as before batching.
+const batchVersion = 4
+
+// maxBatchCommands bounds the commands of one batch entry (the proposal
+// batcher writes at most maxBatchCount).
+const maxBatchCommands = 1 << 16
+
+// encodeBatch returns the entry that carries cs in order: the plain
+// encoding of cs[0] when it is alone, otherwise a batch entry.
+func encodeBatch(cs []*command) []byte {
+	subs := make([][]byte, len(cs))
+	for i, c := range cs {
+		subs[i] = c.encode()
+	}
+	return batchEntry(subs)
+}
+
+// batchEntry returns the entry that carries the encoded commands subs in
+// order: subs[0] itself when it is alone, otherwise a batch entry.
+func batchEntry(subs [][]byte) []byte {
+	if len(subs) == 1 {
+		return subs[0]
+	}
+	n := 12
+	for _, sub := range subs {
+		n += len(sub) + 3
+	}
+	e := enc{b: make([]byte, 0, n)}
+	e.byte1(batchVersion)
+	e.byte1(byte(opBatch))
+	e.u64(uint64(len(subs)))
+	for _, sub := range subs {
+		e.u64(uint64(len(sub)))
+		e.b = append(e.b, sub...)
+	}
+	return e.b
+}
+
+// isBatch reports whether the entry data b is a batch entry (it may still
+// be corrupt).
+func isBatch(b []byte) bool { return len(b) > 0 && b[0] == batchVersion }
+
+// decodeBatch decodes a batch entry into its commands, or returns
+// errCorrupt: a bad header, a count of 0 or above maxBatchCommands or
+// above what the bytes can hold, a command that does not decode (a batch
+// in the batch among them), or bytes after the last command. It never
+// returns part of a batch.
+func decodeBatch(b []byte) ([]command, error) {
+	d := dec{b: b}
+	if d.byte1() != batchVersion || opcode(d.byte1()) != opBatch {
+		return nil, errCorrupt
+	}
+	n := d.u64()
+	if d.err != nil || n == 0 || n > maxBatchCommands || n > uint64(len(d.b))/3 { // each command takes a length and at least 2 bytes
+		return nil, errCorrupt
+	}
+	cs := make([]command, 0, n)
+	for i := uint64(0); i < n; i++ {
+		l := d.u64()
+		if d.err != nil || l > uint64(len(d.b)) {
+			return nil, errCorrupt
+		}
+		c, err := decodeCommand(d.b[:l])
+		if err != nil {
+			return nil, errCorrupt
+		}
+		d.b = d.b[l:]
+		cs = append(cs, c)
+	}
+	if len(d.b) != 0 {
+		return nil, errCorrupt
+	}
+	return cs, nil
+}
+
 func decodeCommand(b []byte) (command, error) {
 	d := dec{b: b}
 	var c command
@@ -318,6 +400,10 @@ type applyResult struct {
 	limit    int           // resBadLimit: the key's permit limit
 	nremoved int           // force release: the grants removed (a Shared key may have many)
 }
+
+// batchResult is what Apply returns for a batch entry: one applyResult
+// per command, in the entry's order.
+type batchResult []applyResult
 
 // grant is the holder of a key.
 type grant struct {
@@ -681,7 +767,8 @@ func (f *fsm) Apply(l *raft.Log) interface{} {
 }
 
 // ApplyBatch applies committed entries in order and returns one
-// applyResult per entry (nil for configuration entries).
+// applyResult per entry, a batchResult for a batch entry (nil for
+// configuration entries).
 func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 	out := make([]interface{}, len(logs))
 	var evs []event
@@ -691,6 +778,22 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 			f.applied = l.Index
 		}
 		if l.Type != raft.LogCommand {
+			continue
+		}
+		if isBatch(l.Data) {
+			// Every command of the entry runs at its index, in order;
+			// each caller gets its own result (propose.go). The batch
+			// decodes whole before any command runs.
+			cs, err := decodeBatch(l.Data)
+			if err != nil {
+				out[i] = applyResult{code: resBadCommand}
+				continue
+			}
+			rs := make(batchResult, len(cs))
+			for j := range cs {
+				rs[j], evs = f.apply(l.Index, &cs[j], evs)
+			}
+			out[i] = rs
 			continue
 		}
 		c, err := decodeCommand(l.Data)

@@ -4,6 +4,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/hashicorp/raft"
 	"google.golang.org/grpc/codes"
 )
 
@@ -113,9 +114,31 @@ func (s *Server) verifyLeader() (uint64, error) {
 }
 
 // verifyRound is one leadership check: VerifyLeader, then the commit index.
+//
+// A sole voter (the latest configuration names this node alone) is its own
+// quorum: raft's VerifyLeader then answers from its leader loop without a
+// heartbeat (quorum size 1), and this node stays the leader until it steps
+// down or the configuration changes. So the check is raft's state read
+// directly: the leader loop it would wait for is busy during every log
+// write, and a renewal or read waited for an fsync that was not its own
+// (the claim of a handed-over grant behind the previous holder's next
+// queue entry, ~180 µs of a W2 handoff on the bench machine).
 func (s *Server) verifyRound() (uint64, error) {
+	if s.soleVoter() {
+		if s.raft.State() != raft.Leader {
+			return 0, raft.ErrNotLeader
+		}
+		return s.raft.CommitIndex(), nil
+	}
 	if err := s.raft.VerifyLeader().Error(); err != nil {
 		return 0, err
 	}
 	return s.raft.CommitIndex(), nil
+}
+
+// soleVoter reports whether the latest Raft configuration (committed or
+// not: raft counts its quorum from it) has one server, this node, a voter.
+func (s *Server) soleVoter() bool {
+	servers := s.raft.GetConfiguration().Configuration().Servers
+	return len(servers) == 1 && servers[0].ID == raft.ServerID(s.cfg.NodeID) && servers[0].Suffrage == raft.Voter
 }

@@ -55,6 +55,7 @@ type Server struct {
 	calls       *callPool // runs Session calls
 
 	readIndex leaderCheck // one VerifyLeader round shared by concurrent renewals and reads (readindex.go)
+	proposer  proposer    // gathers concurrent proposals into log entries (propose.go)
 
 	raft      *raft.Raft
 	transport *raft.NetworkTransport

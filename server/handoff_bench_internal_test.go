@@ -1,0 +1,83 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+)
+
+// BenchmarkHandoff measures W2's server path without gRPC: n goroutines
+// on one key, each in a loop of acquire with wait, the claim renewal of a
+// handed-over grant, and release (fsync on), as dlock bench's W2 clients
+// do; handoffs/s is the rate of grants, entries/handoff the log entries
+// written per grant (the release's and the previous holder's new queue
+// entry, shared when they go in one entry).
+func BenchmarkHandoff(b *testing.B) {
+	for _, n := range []int{8, 64} {
+		b.Run(fmt.Sprint("waiters=", n), func(b *testing.B) {
+			cfg := DefaultConfig()
+			cfg.Listen, cfg.RaftBind, cfg.DataDir = freeLoopback(b), freeLoopback(b), b.TempDir()
+			cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = 100*time.Millisecond, 100*time.Millisecond, 100*time.Millisecond
+			cfg.RaftLogLevel = "off"
+			cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+			s, err := New(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := s.Start(); err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+			defer cancel()
+			if err := s.WaitReady(ctx); err != nil {
+				b.Fatal(err)
+			}
+			var mu sync.Mutex
+			grants := 0
+			b.ResetTimer()
+			start, index0 := time.Now(), s.raft.LastIndex()
+			var wg sync.WaitGroup
+			for w := range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := 0; ; i++ {
+						mu.Lock()
+						if grants >= b.N {
+							mu.Unlock()
+							return
+						}
+						mu.Unlock()
+						owner := fmt.Sprintf("owner-%d-%d-0123456789", w, i)
+						out, err := s.acquire(ctx, acquireIn{key: "bench/handoff", owner: owner, ttl: time.Minute, wait: true}, nil, nil)
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						mu.Lock()
+						grants++
+						mu.Unlock()
+						if out.claimWithin > 0 {
+							if ok, err := s.renew([]renewIn{{key: out.key, owner: owner, ttl: time.Minute}}); err != nil || !ok[0] {
+								b.Errorf("claim: %v %v", ok, err)
+								return
+							}
+						}
+						if _, err := s.release(out.key, owner); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			b.ReportMetric(float64(grants)/time.Since(start).Seconds(), "handoffs/s")
+			b.ReportMetric(float64(s.raft.LastIndex()-index0)/float64(grants), "entries/handoff")
+		})
+	}
+}

@@ -1,0 +1,245 @@
+package server
+
+// propose.go owns the proposal batcher: it turns the commands that
+// concurrent requests (of every connection, and the server's own loops)
+// propose into Raft log entries, many commands to an entry when busy and
+// none added when idle (group commit). It touches only the batcher's
+// state and s.raft; the FSM applies what it writes (fsm.go ApplyBatch).
+//
+// One round of entries is in flight at a time. A proposal that finds no
+// round in flight is sent at once, from its caller's goroutine, as a plain
+// entry: an idle server adds no wait and no goroutine hop. Proposals that
+// arrive while a round is in flight collect in the queue; when the round
+// is committed and applied, the whole queue goes as the next round, split
+// into entries of at most maxBatchCount commands and about maxBatchBytes
+// bytes, all handed to Raft at once (Raft writes them with one fsync). So
+// under load each fsync carries every command that arrived during the
+// previous one, with one raft.Apply, one future and one FSM call per
+// entry rather than per command.
+
+import (
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+)
+
+// Bounds of one batch entry: commands, and encoded bytes (a single command
+// larger than maxBatchBytes still goes, alone).
+const (
+	maxBatchCount = 512
+	maxBatchBytes = 256 << 10
+)
+
+// maxQueueDefer bounds how long a wait for a held key (proposeQueued)
+// waits for another proposal to ride with when nothing else is proposed.
+const maxQueueDefer = 2 * time.Millisecond
+
+// proposal is one command waiting for its entry to be applied.
+type proposal struct {
+	data []byte // the command's plain encoding
+	res  applyResult
+	err  error
+	done chan struct{} // closed when res or err is set (nil: its caller sends the round itself)
+}
+
+// proposer is the batcher's state.
+type proposer struct {
+	mu    sync.Mutex
+	busy  bool        // a round is in flight: new proposals queue
+	queue []*proposal // the next round
+	// deferTimer starts a round for deferred proposals (proposeQueued)
+	// that nothing else took along; deferArmed: it is set to fire.
+	deferTimer *time.Timer
+	deferArmed bool
+	queueDefer time.Duration // 0: maxQueueDefer (tests set it)
+	// entries and commands count what was written (tests).
+	entries, commands uint64
+}
+
+// propose commits c through Raft and returns its result. It sends c at
+// once when no round is in flight (c alone, as a plain entry), otherwise
+// with the commands that queue meanwhile in the next round.
+func (s *Server) propose(c *command) (applyResult, error) {
+	return s.proposeWith(c, false)
+}
+
+// proposeQueued is propose for an acquisition with wait of a key that is
+// held: it will most likely be queued, and its caller waits for the
+// holder's release anyway, so when no round is in flight it does not
+// start one alone but waits, up to maxQueueDefer, for the next proposal
+// to take it along. In a handoff loop (W2: the previous holder queues
+// again while the new holder claims and releases) the queue entry then
+// shares the release's entry and fsync instead of taking one of its own
+// that the release would wait behind: one disk write per handoff, not two.
+// A release never waits for it; the queue entry is acknowledged, as
+// always, only once committed.
+func (s *Server) proposeQueued(c *command) (applyResult, error) {
+	return s.proposeWith(c, true)
+}
+
+func (s *Server) proposeWith(c *command, deferred bool) (applyResult, error) {
+	start := time.Now()
+	p := &proposal{data: c.encode()}
+	b := &s.proposer
+	b.mu.Lock()
+	switch {
+	case b.busy || deferred:
+		p.done = make(chan struct{})
+		b.queue = append(b.queue, p)
+		if !b.busy && !b.deferArmed {
+			b.deferArmed = true
+			d := b.queueDefer
+			if d == 0 {
+				d = maxQueueDefer
+			}
+			if b.deferTimer == nil {
+				b.deferTimer = time.AfterFunc(d, s.sendDeferred)
+			} else {
+				b.deferTimer.Reset(d)
+			}
+		}
+		b.mu.Unlock()
+		<-p.done
+	default:
+		// Deferred proposals waiting in the queue go first, in this
+		// caller's round.
+		round := append(b.takeQueue(), p)
+		b.busy = true
+		b.mu.Unlock()
+		s.sendRound(round)
+		if next := s.nextRound(); next != nil {
+			// Proposals queued behind this one: a goroutine sends them
+			// (and those that queue behind them), so that this caller
+			// does not wait for a commit that is not its own.
+			go s.sendRounds(next)
+		}
+	}
+	if p.err != nil {
+		return applyResult{}, p.err
+	}
+	s.metrics.applySeconds.Observe(time.Since(start).Seconds())
+	return p.res, nil
+}
+
+// sendDeferred starts a round for the deferred proposals that no other
+// proposal took along within maxQueueDefer.
+func (s *Server) sendDeferred() {
+	b := &s.proposer
+	b.mu.Lock()
+	b.deferArmed = false
+	if b.busy || len(b.queue) == 0 {
+		b.mu.Unlock()
+		return
+	}
+	q := b.queue
+	b.queue = nil
+	b.busy = true
+	b.mu.Unlock()
+	s.sendRounds(q)
+}
+
+// nextRound takes the queue, or ends the busy state when it is empty.
+func (s *Server) nextRound() []*proposal {
+	b := &s.proposer
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.queue) == 0 {
+		b.busy = false
+		return nil
+	}
+	return b.takeQueue()
+}
+
+// takeQueue empties the queue for a round and disarms the timer of
+// deferred proposals, which go in that round; with b.mu held.
+func (b *proposer) takeQueue() []*proposal {
+	q := b.queue
+	b.queue = nil
+	if b.deferArmed && b.deferTimer.Stop() {
+		b.deferArmed = false
+	}
+	return q
+}
+
+// sendRounds sends ps, then every round that queued meanwhile, until the
+// queue is empty.
+func (s *Server) sendRounds(ps []*proposal) {
+	for ps != nil {
+		s.sendRound(ps)
+		ps = s.nextRound()
+	}
+}
+
+// sendRound writes ps as entries, waits until each is applied and answers
+// every proposal (closing its done channel). Without batchEntries, each
+// command is its own plain entry (still handed to Raft together).
+func (s *Server) sendRound(ps []*proposal) {
+	batch := len(ps) > 1 && s.batchEntries()
+	type entry struct {
+		ps     []*proposal
+		future interface {
+			Error() error
+			Response() interface{}
+		}
+	}
+	var entries []entry
+	for len(ps) > 0 {
+		n, size := 1, len(ps[0].data)
+		for batch && n < len(ps) && n < maxBatchCount && size+len(ps[n].data) <= maxBatchBytes {
+			size += len(ps[n].data)
+			n++
+		}
+		subs := make([][]byte, n)
+		for i, p := range ps[:n] {
+			subs[i] = p.data
+		}
+		entries = append(entries, entry{ps: ps[:n], future: s.raft.Apply(batchEntry(subs), s.cfg.ApplyTimeout)})
+		ps = ps[n:]
+	}
+	for _, e := range entries {
+		err := e.future.Error()
+		var rs batchResult
+		if err == nil {
+			switch r := e.future.Response().(type) {
+			case applyResult:
+				rs = batchResult{r}
+			case batchResult:
+				rs = r
+			}
+		}
+		for i, p := range e.ps {
+			switch {
+			case err != nil:
+				p.err = s.raftErr(err)
+			case len(rs) != len(e.ps) || rs[i].code == resBadCommand:
+				p.err = apiErr(codes.Internal, ReasonInternal, "command not applied")
+			default:
+				p.res = rs[i]
+			}
+			if p.done != nil {
+				close(p.done)
+			}
+		}
+	}
+	b := &s.proposer
+	b.mu.Lock()
+	b.entries += uint64(len(entries))
+	for _, e := range entries {
+		b.commands += uint64(len(e.ps))
+	}
+	b.mu.Unlock()
+}
+
+// batchEntries reports whether several commands may share an entry: a
+// member of a version before batching cannot decode a batch entry (it
+// would skip it and its table would part from the others'), so batches
+// are written only while this node is the only server of the Raft
+// configuration, or when Config.BatchInCluster says every member decodes
+// them. See "Batching" in the package doc.
+func (s *Server) batchEntries() bool {
+	if s.cfg.BatchInCluster {
+		return true
+	}
+	return s.soleVoter()
+}
