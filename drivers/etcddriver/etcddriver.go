@@ -124,8 +124,11 @@
 //     fresh bounded context; an entry it cannot delete then (the store
 //     unreachable) is deleted by the lease's goroutine later.
 //   - Pushed loss: every grant's Grant.Lost is closed when its entry is
-//     deleted on the store (lease expired or revoked, entry deleted). The
-//     watching goroutine ends on Release, on loss, and on Close.
+//     deleted on the store (lease expired or revoked, entry deleted), by a
+//     watch of the entry that starts 50 ms after the grant from the
+//     grant's revision on (so a grant released sooner costs no watch, and
+//     a delete before the watch starts is reported when it does). The
+//     watch ends on Release, on loss, and on Close.
 //   - driver.Inspector: Inspect and List. Both report each holder's time
 //     left (HolderInfo.Remaining) as etcd's LeaseTimeToLive says of the
 //     lease its entry is on, in whole seconds, not the TTL it was granted
@@ -240,6 +243,7 @@ type grant struct {
 	lost   chan struct{}
 	once   sync.Once          // closes lost
 	cancel context.CancelFunc // stops the loss watcher
+	watch  *time.Timer        // starts the loss watcher (see lossWatchDelay)
 	// deadline is when the grant ends unless renewed (guarded by d.mu):
 	// the last grant or confirmed renewal plus the lease TTL, as its own
 	// etcd lease would have ended. The lease's loop deletes the entry then.
@@ -380,7 +384,7 @@ func (d *Driver) Close() error {
 	}
 	d.closed = true
 	for _, g := range d.grants {
-		g.cancel()
+		g.stop(d)
 	}
 	d.grants = map[string]*grant{}
 	idle := d.closeLeasesLocked()
@@ -732,8 +736,25 @@ func (d *Driver) trackLocked(k string, sl *sharedLease, rev int64, holder string
 	d.grants[k] = g
 	sl.grants[k] = g
 	d.wg.Add(1)
-	go d.watchLoss(ctx, k, g)
+	// The watch starts from the revision after the grant's, so a delete
+	// before it starts is still reported; starting it later spares the
+	// store a watch for every grant released within lossWatchDelay.
+	g.watch = time.AfterFunc(lossWatchDelay, func() { d.watchLoss(ctx, k, g) })
 	return g
+}
+
+// lossWatchDelay is how long after a grant its loss watch starts: a grant
+// whose entry is deleted within it (by expiry, revocation, another
+// process) is reported lost when the watch starts, replaying the delete.
+const lossWatchDelay = 50 * time.Millisecond
+
+// stop ends g's loss watch, or cancels its start. Call with d.mu held or
+// not.
+func (g *grant) stop(d *Driver) {
+	g.cancel()
+	if g.watch.Stop() {
+		d.wg.Done() // the watch never started
+	}
 }
 
 // watchLoss closes g.lost when entry k (created at g.fence) is deleted. It
@@ -783,7 +804,7 @@ func (d *Driver) markLost(k string, g *grant) {
 	d.mu.Lock()
 	d.untrackLocked(k, g)
 	d.mu.Unlock()
-	g.cancel()
+	g.stop(d)
 	g.once.Do(func() { close(g.lost) })
 }
 
@@ -808,7 +829,7 @@ func (d *Driver) forget(k string) *grant {
 	}
 	d.mu.Unlock()
 	if g != nil {
-		g.cancel()
+		g.stop(d)
 	}
 	return g
 }
