@@ -202,9 +202,15 @@ func (s *sharedLease) keepAlive(ctx context.Context) error {
 		s.d.mu.Lock()
 		if s.d.closed {
 			s.d.mu.Unlock()
+			// Fail the batch, and everyone who joined it, at once.
 			s.kmu.Lock()
 			s.sending = false
+			if s.next == c {
+				s.next = nil
+			}
 			s.kmu.Unlock()
+			c.err = errClosed
+			close(c.done)
 			return errClosed
 		}
 		s.d.wg.Add(1)
