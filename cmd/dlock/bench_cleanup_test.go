@@ -351,3 +351,37 @@ func TestBench_Baselines(t *testing.T) {
 	}
 	wantOnlyUserData(t, ctx, c, "bench --raw-redis")
 }
+
+// TestBench_RawRecipes: --raw-etcd and --raw-zk add W1 with each store's
+// official client alone to the report, and the etcd and zk W1 rows carry
+// their ratio to it ("× raw recipe").
+func TestBench_RawRecipes(t *testing.T) {
+	e := testservers.StartEtcd(t)
+	z := testservers.StartZooKeeper(t)
+	res := dlock(t, e.URL(), "bench", "--store", e.URL(), "--store", z.URL(), "--clients", "2", "--contended", "2",
+		"--duration", "200ms", "--skip-hold", "--raw-etcd", e.Addr(), "--raw-zk", z.Addr(), "-o", "json")
+	wantCode(t, res, 0)
+	var rep struct {
+		Baseline struct {
+			RawEtcd []struct {
+				CyclesPerSec float64 `json:"cycles_per_sec"`
+			} `json:"raw_etcd"`
+			RawZK []struct {
+				CyclesPerSec float64 `json:"cycles_per_sec"`
+			} `json:"raw_zk"`
+		} `json:"baseline"`
+	}
+	if err := json.Unmarshal([]byte(res.stdout), &rep); err != nil {
+		t.Fatalf("bench -o json: %v\n%s", err, res.stdout)
+	}
+	b := rep.Baseline
+	if len(b.RawEtcd) != 1 || b.RawEtcd[0].CyclesPerSec <= 0 || len(b.RawZK) != 1 || b.RawZK[0].CyclesPerSec <= 0 {
+		t.Fatalf("baseline %+v\n%s", b, res.stdout)
+	}
+	md := dlock(t, e.URL(), "bench", "--store", e.URL(), "--clients", "1", "--contended", "2",
+		"--duration", "200ms", "--skip-hold", "--raw-etcd", e.Addr())
+	wantCode(t, md, 0)
+	if !strings.Contains(md.stdout, "× raw recipe") || !strings.Contains(md.stdout, "| raw-etcd W1 | 1 |") {
+		t.Errorf("bench Markdown lacks the raw etcd recipe:\n%s", md.stdout)
+	}
+}

@@ -17,11 +17,12 @@
 // directory a prefix of another's, and so is a leading ".", so no escaped
 // key starts with "."). Every acquisition attempt puts one entry
 // <prefix>/.locks/<escaped K>/<owner token> in a transaction that succeeds
-// only if that entry does not exist, attached to an etcd lease of its own. The
-// holder of K is the entry with the lowest create revision in K's
-// directory; the others are waiters, in create-revision order (FIFO). This
-// is etcd's own concurrency.Mutex recipe, with one lease per grant instead
-// of one per session.
+// only if that entry does not exist, attached to the driver's shared etcd
+// lease for the grant's TTL (see Shared leases and loss). The holder of K is
+// the entry with the lowest create revision in K's directory; the others
+// are waiters, in create-revision order (FIFO). This is etcd's own
+// concurrency.Mutex recipe (go.etcd.io/etcd/client/v3/concurrency), with
+// one lease per driver and TTL in the place of the session's lease.
 //
 // # Prefixes
 //
@@ -60,40 +61,84 @@
 //
 // # TTL and expiry
 //
-// The store owns expiry: each grant has its own etcd lease whose TTL is the
-// requested TTL in whole seconds, rounded up, at least 1 s (etcd leases
+// The store owns expiry. A grant's entry is on an etcd lease whose TTL is
+// the requested TTL in whole seconds, rounded up, at least 1 s (etcd leases
 // have a one-second granularity; the server may raise very short TTLs to its
 // own minimum, 1.5 × the election timeout). The store therefore never
 // expires a grant before the client-side validity deadline (sent + TTL −
-// drift) that the dlock root package computes, only later. Renew is one
-// KeepAliveOnce on the grant's lease (which restores the TTL given at grant;
-// the ttl argument of Renew is not used) followed by a linearizable read
-// that the entry still exists with the grant's create revision. A newly
-// elected etcd leader extends every lease by its election timeout, so
-// expiry can come late, never early.
+// drift) that the dlock root package computes, only later. A newly elected
+// etcd leader extends every lease by its election timeout, so expiry can
+// come late, never early.
+//
+// # Shared leases and loss
+//
+// A Driver does not grant an etcd lease per grant: like a
+// concurrency.Session, it keeps one lease per distinct TTL (in whole
+// seconds), granted when the first entry of that TTL needs it, and puts
+// every entry of that TTL on it: plain grants, read locks, waiters. So a
+// grant costs one write (the put transaction) and a release one (the
+// conditional delete), and etcd keeps one lease, not one per held key. One
+// goroutine per lease sends a KeepAliveOnce every third of its TTL while
+// the driver is open, and revokes the lease once no entry has used it for
+// a whole TTL; Close revokes the leases that hold no grant. What this means:
+//
+//   - One lease lost is every grant on it lost at once. When a lease ends
+//     on the store (the process stopped or was cut off from etcd for a
+//     lease TTL, or someone revoked it), etcd deletes every entry on it:
+//     each grant's Grant.Lost closes, each waiter's Wait returns an error
+//     matching driver.ErrLeaseLost, and the driver's next entry of that
+//     TTL gets a new lease. Grants of another TTL are on another lease.
+//   - A grant its holder stops renewing still ends one lease TTL after its
+//     grant or its last confirmed renewal, as its own lease would have:
+//     the lease's goroutine deletes the entry then (conditioned on its
+//     create revision and its lease), while the other grants stay. This
+//     runs on the client's clock; when the process itself stops, the
+//     shared lease's expiry on the store ends every grant within a TTL.
+//   - Renew waits for a KeepAliveOnce of the grant's lease sent after Renew
+//     began (concurrent renewals of one lease share it), then reads the
+//     entry back: etcd then keeps the entry at least a TTL from the call.
+//     A Renew whose ttl is another number of seconds than the lease's
+//     moves the entry to the shared lease of that TTL, by a put
+//     conditioned on its create revision: the TTL of a grant follows its
+//     renewals, as the ttl argument says. A renewal of a grant the driver
+//     did not make (another process's) sends one KeepAliveOnce for the
+//     lease its entry names, as before.
+//   - A grant's fence is the create revision of its entry (see Fencing).
+//     Moving an entry to another lease (a Renew with another TTL, a
+//     Resume) is a put of the existing key, which keeps its create
+//     revision: the fence never changes for the life of the grant.
+//   - Inspect and List report the time left on the shared lease, which its
+//     keepalives hold between two thirds of the TTL and the TTL: the bound
+//     on when the grant ends if its process stops, not when its holder
+//     last renewed.
 //
 // # Capabilities
 //
 //   - driver.Waiter: each waiter watches only the entry just before its own
 //     (its delete event), so a release wakes exactly one waiter, in FIFO
-//     order, with no herd. While waiting, the driver keeps the waiter's own
-//     lease alive; if that lease dies (revoked, expired) or its entry is
-//     deleted, Wait stops with an error matching driver.ErrLeaseLost. A
-//     cancelled waiter revokes its lease, which deletes its entry (and a
-//     grant that raced the cancellation), using a fresh bounded context.
+//     order, with no herd. While waiting, the waiter's entry is on the
+//     shared lease, which Wait checks is kept alive every third of its TTL;
+//     if that lease dies (revoked, expired) or its entry is deleted, Wait
+//     stops with an error matching driver.ErrLeaseLost. A cancelled waiter
+//     deletes its entry (and a grant that raced the cancellation), using a
+//     fresh bounded context; an entry it cannot delete then (the store
+//     unreachable) is deleted by the lease's goroutine later.
 //   - Pushed loss: every grant's Grant.Lost is closed when its entry is
-//     deleted on the store (lease expired or revoked, entry deleted). The
-//     watching goroutine ends on Release, on loss, and on Close.
+//     deleted on the store (lease expired or revoked, entry deleted), by a
+//     watch of the entry that starts 50 ms after the grant from the
+//     grant's revision on (so a grant released sooner costs no watch, and
+//     a delete before the watch starts is reported when it does). The
+//     watch ends on Release, on loss, and on Close.
 //   - driver.Inspector: Inspect and List. Both report each holder's time
-//     left (HolderInfo.Remaining) as etcd's LeaseTimeToLive says, in whole
-//     seconds, not the TTL it was granted with.
+//     left (HolderInfo.Remaining) as etcd's LeaseTimeToLive says of the
+//     lease its entry is on, in whole seconds, not the TTL it was granted
+//     with.
 //   - driver.SharedLocker: read-write locks (etcd's RWMutex recipe; Shared
 //     with Limit 0 and Exclusive; no counted permits), whose Exclusive
 //     grants are plain locks of the same key (see SharedView in shared.go).
-//   - driver.Resumer: every grant has an etcd lease of its own, which any
-//     client may keep alive by ID, so a restarted process resumes its
-//     grant (Locker.Resume) by the lease its entry names, with the loss
-//     watch attached again (see Resume).
+//   - driver.Resumer: a restarted process resumes its grant
+//     (Locker.Resume) by moving its entry, create revision kept, onto its
+//     own shared lease, with the loss watch attached again (see Resume).
 //
 // # Store outages
 //
@@ -108,9 +153,9 @@
 //
 // Release deletes the entry in a transaction conditioned on its create
 // revision being the grant's fence, so a replayed release can never delete a
-// newer grant, then revokes the grant's lease off the caller's path (the
-// lease holds nothing any more; the next waiter is told by the delete). An
-// owner the driver cannot find on the store answers driver.ErrLeaseLost.
+// newer grant; the next waiter is told by the delete. The shared lease
+// stays for the driver's other entries. An owner the driver cannot find on
+// the store answers driver.ErrLeaseLost.
 package etcddriver
 
 import (
@@ -183,17 +228,26 @@ type Driver struct {
 	closeCancel context.CancelFunc
 	wg          sync.WaitGroup
 
-	mu     sync.Mutex
-	closed bool
-	grants map[string]*grant // by entry key
+	mu       sync.Mutex
+	closed   bool
+	grants   map[string]*grant      // by entry key
+	leases   map[int64]*sharedLease // by TTL in seconds (see leases.go)
+	creating map[int64]*leaseCreate // lease grants in flight, by TTL in seconds
 }
 
 // grant is a grant held through this driver.
 type grant struct {
-	lease  clientv3.LeaseID
-	fence  int64 // create revision of the entry
+	sl     *sharedLease // the lease its entry is on (guarded by d.mu)
+	fence  int64        // create revision of the entry
+	holder string
 	lost   chan struct{}
+	once   sync.Once          // closes lost
 	cancel context.CancelFunc // stops the loss watcher
+	watch  *time.Timer        // starts the loss watcher (see lossWatchDelay)
+	// deadline is when the grant ends unless renewed (guarded by d.mu):
+	// the last grant or confirmed renewal plus the lease TTL, as its own
+	// etcd lease would have ended. The lease's loop deletes the entry then.
+	deadline time.Time
 }
 
 var (
@@ -233,7 +287,7 @@ func newDriver(cli Client, closeCli func() error, opts *Options) *Driver {
 	return &Driver{
 		cli: cli, closeCli: closeCli, prefix: o.Prefix, locks: o.Prefix + "/" + locksDir + "/", opTimeout: o.OpTimeout,
 		closeCtx: ctx, closeCancel: cancel,
-		grants: map[string]*grant{},
+		grants: map[string]*grant{}, leases: map[int64]*sharedLease{}, creating: map[int64]*leaseCreate{},
 	}
 }
 
@@ -330,17 +384,37 @@ func (d *Driver) Close() error {
 	}
 	d.closed = true
 	for _, g := range d.grants {
-		g.cancel()
+		g.stop(d)
 	}
 	d.grants = map[string]*grant{}
+	idle := d.closeLeasesLocked()
 	d.mu.Unlock()
+	// Leases no entry uses any more are revoked, all at once and for at
+	// most closeRevokeTimeout (a store that does not answer must not hold
+	// Close up: the lease, holding no key, then ends with its TTL); those
+	// of grants still held end with their TTL on the store.
+	var rwg sync.WaitGroup
+	for _, id := range idle {
+		rwg.Add(1)
+		go func() {
+			defer rwg.Done()
+			rctx, cancel := context.WithTimeout(context.Background(), min(d.opTimeout, closeRevokeTimeout))
+			defer cancel()
+			_, _ = d.cli.Revoke(rctx, id)
+		}()
+	}
 	d.closeCancel()
 	d.wg.Wait()
+	rwg.Wait()
 	if d.closeCli != nil {
 		return d.closeCli()
 	}
 	return nil
 }
+
+// closeRevokeTimeout bounds Close's revocation of the shared leases no
+// entry uses.
+const closeRevokeTimeout = 500 * time.Millisecond
 
 // locksDir is the reserved child of the prefix that holds every lock entry.
 const locksDir = ".locks"
@@ -498,47 +572,41 @@ func refused(err error) bool {
 
 // queued is an entry put by enqueue.
 type queued struct {
-	lease clientv3.LeaseID
-	rev   int64  // create revision of the entry: the fence if granted
-	pred  string // the entry just before it, "" when it is the holder
-	ahead int64  // number of entries before it
-	seen  int64  // store revision at which pred and ahead were read
+	sl    *sharedLease // the lease of the entry; the queued entry is one of its users
+	rev   int64        // create revision of the entry: the fence if granted
+	pred  string       // the entry just before it, "" when it is the holder
+	ahead int64        // number of entries before it
+	seen  int64        // store revision at which pred and ahead were read
 }
 
-// enqueue grants a lease and puts req's entry with it, in a transaction that
-// first reads the last entry created before it (its predecessor) and how
-// many entries are ahead. On an error the lease has been revoked (best
-// effort).
+// enqueue puts req's entry on the driver's shared lease for req.TTL, in a
+// transaction that first reads the last entry created before it (its
+// predecessor) and how many entries are ahead. An entry that exists
+// already (the same owner token retried after an answer was lost) is put
+// again on the shared lease, keeping its create revision. On an error, an
+// entry the transaction may have put is deleted (see abandon).
 func (d *Driver) enqueue(ctx context.Context, req driver.AcquireRequest) (queued, error) {
-	lg, err := d.grant(ctx, req.TTL)
-	if err != nil {
-		return queued{}, err
-	}
 	val, _ := json.Marshal(value{Holder: req.Holder, TTL: req.TTL})
 	k := d.entry(req.Key, req.Owner)
 	dir := d.dir(req.Key)
-	resp, err := d.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
-		Then(clientv3.OpGet(dir, append(clientv3.WithLastCreate(), clientv3.WithPrefix(), clientv3.WithKeysOnly())...),
-			clientv3.OpPut(k, string(val), clientv3.WithLease(lg.ID))).
-		Else(clientv3.OpGet(k)).
-		Commit()
+	resp, sl, err := d.putEntry(ctx, req.TTL, k, string(val),
+		clientv3.OpGet(dir, append(clientv3.WithLastCreate(), clientv3.WithPrefix(), clientv3.WithKeysOnly())...))
 	if err != nil {
-		d.revoke(ctx, lg.ID)
 		return queued{}, err
 	}
 	if !resp.Succeeded {
-		// The entry exists already: the same owner token retried. Keep
-		// the existing entry and its lease.
-		d.revoke(ctx, lg.ID)
-		kvs := resp.Responses[0].GetResponseRange().Kvs
+		kvs := resp.Responses[1].GetResponseRange().Kvs
 		if len(kvs) == 0 {
+			sl.unuse()
 			return queued{}, fmt.Errorf("entry %q vanished", k)
 		}
-		q := queued{lease: clientv3.LeaseID(kvs[0].Lease), rev: kvs[0].CreateRevision}
-		return d.ahead(ctx, k, dir, q)
+		q, err := d.ahead(ctx, k, dir, queued{sl: sl, rev: kvs[0].CreateRevision})
+		if err != nil {
+			sl.unuse()
+		}
+		return q, err
 	}
-	q := queued{lease: lg.ID, rev: resp.Header.Revision, seen: resp.Header.Revision}
+	q := queued{sl: sl, rev: resp.Header.Revision, seen: resp.Header.Revision}
 	rr := resp.Responses[0].GetResponseRange()
 	if len(rr.Kvs) > 0 {
 		q.pred = string(rr.Kvs[0].Key)
@@ -547,67 +615,43 @@ func (d *Driver) enqueue(ctx context.Context, req driver.AcquireRequest) (queued
 	return q, nil
 }
 
-// grant asks etcd for a lease of ttl. The call itself runs under the op
-// timeout, not ctx: when ctx ends first, grant returns ctx's error at once
-// and a lease etcd grants after that is revoked as soon as its answer
-// arrives, so that a caller who gave up never leaves a lease nobody knows
-// of (it would hold no key, but live one TTL). Close ends the call and
-// waits for it.
-func (d *Driver) grant(ctx context.Context, ttl time.Duration) (*clientv3.LeaseGrantResponse, error) {
-	type answer struct {
-		lg  *clientv3.LeaseGrantResponse
-		err error
-	}
-	bound := time.Now().Add(d.opTimeout)
-	if dl, ok := ctx.Deadline(); ok && dl.Add(250*time.Millisecond).Before(bound) {
-		// Never wait much past ctx's deadline for the answer: the
-		// caller's op timeout still bounds the call.
-		bound = dl.Add(250 * time.Millisecond)
-	}
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
-		return nil, driver.ErrClosed
-	}
-	d.wg.Add(1) // under d.mu: never concurrently with Close's Wait
-	d.mu.Unlock()
-	gctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), bound)
-	stop := context.AfterFunc(d.closeCtx, cancel) // Close ends the call
-	var (
-		mu        sync.Mutex
-		abandoned bool
-	)
-	done := make(chan answer, 1)
-	go func() {
-		defer d.wg.Done()
-		defer stop()
-		defer cancel()
-		lg, err := d.cli.Grant(gctx, leaseSeconds(ttl))
-		mu.Lock()
-		gone := abandoned
-		if !gone {
-			done <- answer{lg, err}
+// putEntry puts entry k with val on the shared lease for ttl, in one
+// transaction: when k does not exist, it runs read first and then the put
+// (Succeeded; read's answer is Responses[0]); when it exists (the same owner
+// token retried), it puts k again with the shared lease, which keeps its
+// create revision, and reads it back (not Succeeded; Responses[1]). The
+// returned lease counts the entry as one of its users. A lease etcd no
+// longer knows (it expired while the store was unreachable) is dropped and
+// the put tried once more on a new one. On any other error, an entry the
+// transaction may have put is deleted (abandon) and no lease is returned.
+func (d *Driver) putEntry(ctx context.Context, ttl time.Duration, k, val string, read clientv3.Op) (*clientv3.TxnResponse, *sharedLease, error) {
+	for try := 0; ; try++ {
+		sl, err := d.useLease(ctx, ttl)
+		if errors.Is(err, errClosed) {
+			return nil, nil, driver.ErrClosed
 		}
-		mu.Unlock()
-		if gone && err == nil {
-			d.revoke(ctx, lg.ID) // the caller gave up before the answer came
+		if err != nil {
+			return nil, nil, err
 		}
-	}()
-	select {
-	case a := <-done:
-		return a.lg, a.err
-	case <-ctx.Done():
-		mu.Lock()
-		abandoned = true
-		mu.Unlock()
-		select {
-		case a := <-done: // answered just before: nobody will use it
-			if a.err == nil {
-				d.revoke(ctx, a.lg.ID)
+		resp, err := d.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+			Then(read, clientv3.OpPut(k, val, clientv3.WithLease(sl.id))).
+			Else(clientv3.OpPut(k, val, clientv3.WithLease(sl.id)), clientv3.OpGet(k)).
+			Commit()
+		if err == nil {
+			return resp, sl, nil
+		}
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			// Nothing was put: the transaction failed as a whole.
+			sl.markDead()
+			sl.unuse()
+			if try == 0 {
+				continue
 			}
-		default:
+			return nil, nil, err
 		}
-		return nil, ctx.Err()
+		d.abandon(ctx, sl, k, 0)
+		return nil, nil, err
 	}
 }
 
@@ -634,7 +678,7 @@ func (d *Driver) ahead(ctx context.Context, k, dir string, q queued) (queued, er
 	return q, nil
 }
 
-// revoke revokes a lease (deleting its entry) with a fresh context bounded by
+// revoke revokes a lease (deleting its entries) with a fresh context bounded by
 // the op timeout, so that it runs even when ctx has ended.
 func (d *Driver) revoke(ctx context.Context, id clientv3.LeaseID) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.opTimeout)
@@ -643,7 +687,7 @@ func (d *Driver) revoke(ctx context.Context, id clientv3.LeaseID) {
 }
 
 // TryAcquire puts req's entry and keeps it only when it is the lowest of the
-// key (the holder); otherwise it revokes the entry's lease and returns
+// key (the holder); otherwise it deletes the entry and returns
 // driver.ErrNotAcquired.
 func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
 	if d.isClosed() {
@@ -657,32 +701,60 @@ func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (dri
 		return driver.Grant{}, storeErr("acquire", err)
 	}
 	if q.pred != "" {
-		d.revoke(ctx, q.lease)
+		d.abandon(ctx, q.sl, d.entry(req.Key, req.Owner), q.rev)
 		return driver.Grant{}, storeErr("acquire", driver.ErrNotAcquired)
 	}
-	return d.granted(req, q.lease, q.rev)
+	return d.granted(req, q)
 }
 
-// granted records a grant and starts its loss watcher.
-func (d *Driver) granted(req driver.AcquireRequest, id clientv3.LeaseID, rev int64) (driver.Grant, error) {
+// granted records a grant (its entry one of q.sl's users) and starts its
+// loss watcher.
+func (d *Driver) granted(req driver.AcquireRequest, q queued) (driver.Grant, error) {
 	k := d.entry(req.Key, req.Owner)
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
-		d.revoke(context.Background(), id)
+		d.abandon(context.Background(), q.sl, k, q.rev)
 		return driver.Grant{}, storeErr("acquire", driver.ErrClosed)
 	}
-	if old, ok := d.grants[k]; ok && old.fence == rev {
+	if old, ok := d.grants[k]; ok && old.fence == q.rev {
+		q.sl.unuseLocked() // the grant counts once
 		d.mu.Unlock()
-		return driver.Grant{Fence: uint64(rev), Lost: old.lost}, nil
+		return driver.Grant{Fence: uint64(q.rev), Lost: old.lost}, nil
 	}
-	ctx, cancel := context.WithCancel(d.closeCtx)
-	g := &grant{lease: id, fence: rev, lost: make(chan struct{}), cancel: cancel}
-	d.grants[k] = g
-	d.wg.Add(1)
+	g := d.trackLocked(k, q.sl, q.rev, req.Holder)
 	d.mu.Unlock()
-	go d.watchLoss(ctx, k, g)
-	return driver.Grant{Fence: uint64(rev), Lost: g.lost}, nil
+	return driver.Grant{Fence: uint64(q.rev), Lost: g.lost}, nil
+}
+
+// trackLocked records the grant of entry k (create revision rev) on sl, of
+// which it is already counted a user, and starts its loss watcher. Call
+// with d.mu held and the driver open.
+func (d *Driver) trackLocked(k string, sl *sharedLease, rev int64, holder string) *grant {
+	ctx, cancel := context.WithCancel(d.closeCtx)
+	g := &grant{sl: sl, fence: rev, holder: holder, lost: make(chan struct{}), cancel: cancel, deadline: time.Now().Add(sl.ttl)}
+	d.grants[k] = g
+	sl.grants[k] = g
+	d.wg.Add(1)
+	// The watch starts from the revision after the grant's, so a delete
+	// before it starts is still reported; starting it later spares the
+	// store a watch for every grant released within lossWatchDelay.
+	g.watch = time.AfterFunc(lossWatchDelay, func() { d.watchLoss(ctx, k, g) })
+	return g
+}
+
+// lossWatchDelay is how long after a grant its loss watch starts: a grant
+// whose entry is deleted within it (by expiry, revocation, another
+// process) is reported lost when the watch starts, replaying the delete.
+const lossWatchDelay = 50 * time.Millisecond
+
+// stop ends g's loss watch, or cancels its start. Call with d.mu held or
+// not.
+func (g *grant) stop(d *Driver) {
+	g.cancel()
+	if g.watch.Stop() {
+		d.wg.Done() // the watch never started
+	}
 }
 
 // watchLoss closes g.lost when entry k (created at g.fence) is deleted. It
@@ -730,36 +802,42 @@ func (d *Driver) watchLoss(ctx context.Context, k string, g *grant) {
 
 func (d *Driver) markLost(k string, g *grant) {
 	d.mu.Lock()
+	d.untrackLocked(k, g)
+	d.mu.Unlock()
+	g.stop(d)
+	g.once.Do(func() { close(g.lost) })
+}
+
+// untrackLocked stops tracking grant g of entry k (if it still is), counting
+// it off its lease. Call with d.mu held.
+func (d *Driver) untrackLocked(k string, g *grant) {
 	if d.grants[k] == g {
 		delete(d.grants, k)
 	}
-	d.mu.Unlock()
-	g.cancel()
-	close(g.lost)
+	if g.sl.grants[k] == g {
+		delete(g.sl.grants, k)
+		g.sl.unuseLocked()
+	}
 }
 
 // forget stops tracking the grant of entry k, if any, and returns it.
 func (d *Driver) forget(k string) *grant {
 	d.mu.Lock()
 	g := d.grants[k]
-	delete(d.grants, k)
+	if g != nil {
+		d.untrackLocked(k, g)
+	}
 	d.mu.Unlock()
 	if g != nil {
-		g.cancel()
+		g.stop(d)
 	}
 	return g
 }
 
-// lookup returns the lease and create revision of owner's entry on key: from
-// the driver's own grants when it has them, else from the store. It returns
-// driver.ErrLeaseLost when the entry does not exist.
+// lookup returns the lease and create revision of owner's entry on key, as
+// the store has them. It returns driver.ErrLeaseLost when the entry does
+// not exist.
 func (d *Driver) lookup(ctx context.Context, k string) (clientv3.LeaseID, int64, error) {
-	d.mu.Lock()
-	g := d.grants[k]
-	d.mu.Unlock()
-	if g != nil {
-		return g.lease, g.fence, nil
-	}
 	resp, err := d.cli.Get(ctx, k)
 	if err != nil {
 		return 0, 0, err
@@ -770,10 +848,18 @@ func (d *Driver) lookup(ctx context.Context, k string) (clientv3.LeaseID, int64,
 	return clientv3.LeaseID(resp.Kvs[0].Lease), resp.Kvs[0].CreateRevision, nil
 }
 
-// Renew sends one KeepAliveOnce for the grant's lease (restoring the TTL it
-// was granted with; ttl is not used), then reads the entry back. It returns
-// driver.ErrLeaseLost when the lease is gone or the entry was deleted or
-// replaced.
+// Renew confirms the grant for ttl from the time of the call. For a grant
+// this driver made (or resumed), it waits for a KeepAliveOnce of the
+// grant's shared lease sent after the call began (concurrent renewals of
+// the lease's grants share one), then reads the entry back; the grant's
+// own end (see the package doc) moves to the call's start plus the lease
+// TTL. A ttl of another whole number of seconds than the lease's moves the
+// entry to the shared lease of that TTL (a put conditioned on the entry's
+// create revision, which keeps it: the fence does not change). For a grant
+// this driver does not track (made by another process), it sends one
+// KeepAliveOnce for the lease the entry names (ttl is not used) and reads
+// the entry back. It returns driver.ErrLeaseLost when the lease is gone or
+// the entry was deleted or replaced.
 func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration) error {
 	if d.isClosed() {
 		return storeErr("renew", driver.ErrClosed)
@@ -781,14 +867,116 @@ func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration
 	if err := driver.CheckGrant(key, owner, ttl); err != nil {
 		return storeErr("renew", err)
 	}
+	start := time.Now()
 	k := d.entry(key, owner)
+	d.mu.Lock()
+	g := d.grants[k]
+	var sl *sharedLease
+	if g != nil {
+		sl = g.sl
+	}
+	d.mu.Unlock()
+	if g == nil {
+		return d.renewUntracked(ctx, k)
+	}
+	if leaseSeconds(ttl) != sl.secs {
+		return d.move(ctx, k, g, ttl, start)
+	}
+	if err := sl.keepAlive(ctx); err != nil {
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			d.forget(k)
+			return storeErr("renew", fmt.Errorf("%w: etcd lease %x not found", driver.ErrLeaseLost, int64(sl.id)))
+		}
+		if errors.Is(err, errClosed) {
+			err = driver.ErrClosed
+		}
+		return storeErr("renew", err)
+	}
+	resp, err := d.cli.Get(ctx, k)
+	if err != nil {
+		return storeErr("renew", err)
+	}
+	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != g.fence {
+		d.forget(k)
+		return storeErr("renew", fmt.Errorf("%w: entry deleted", driver.ErrLeaseLost))
+	}
+	if id := clientv3.LeaseID(resp.Kvs[0].Lease); id != sl.id {
+		// Resumed by another process, which put the entry on its own
+		// lease: both hold the owner token now, and this driver's
+		// keepalive no longer vouches for the entry. Renew the lease it
+		// is on, as for a grant made elsewhere.
+		if _, err := d.cli.KeepAliveOnce(ctx, id); err != nil {
+			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+				d.forget(k)
+				return storeErr("renew", fmt.Errorf("%w: etcd lease %x not found", driver.ErrLeaseLost, int64(id)))
+			}
+			return storeErr("renew", err)
+		}
+	}
+	d.mu.Lock()
+	if end := start.Add(sl.ttl); end.After(g.deadline) {
+		g.deadline = end
+	}
+	d.mu.Unlock()
+	return nil
+}
+
+// move puts grant g's entry k on the shared lease for ttl, conditioned on
+// its create revision (kept by the put), after a keepalive of that lease
+// sent after start.
+func (d *Driver) move(ctx context.Context, k string, g *grant, ttl time.Duration, start time.Time) error {
+	nsl, err := d.useLease(ctx, ttl)
+	if errors.Is(err, errClosed) {
+		err = driver.ErrClosed
+	}
+	if err != nil {
+		return storeErr("renew", err)
+	}
+	if err := nsl.keepAlive(ctx); err != nil {
+		nsl.unuse()
+		if errors.Is(err, errClosed) {
+			err = driver.ErrClosed
+		}
+		return storeErr("renew", err)
+	}
+	val, _ := json.Marshal(value{Holder: g.holder, TTL: ttl})
+	resp, err := d.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(k), "=", g.fence)).
+		Then(clientv3.OpPut(k, string(val), clientv3.WithLease(nsl.id))).
+		Commit()
+	if err != nil {
+		nsl.unuse()
+		return storeErr("renew", err)
+	}
+	if !resp.Succeeded {
+		nsl.unuse()
+		d.forget(k)
+		return storeErr("renew", fmt.Errorf("%w: entry deleted", driver.ErrLeaseLost))
+	}
+	d.mu.Lock()
+	if d.grants[k] == g {
+		old := g.sl
+		delete(old.grants, k)
+		old.unuseLocked()
+		g.sl = nsl
+		nsl.grants[k] = g
+		g.deadline = start.Add(nsl.ttl)
+	} else {
+		nsl.unuseLocked() // released meanwhile
+	}
+	d.mu.Unlock()
+	return nil
+}
+
+// renewUntracked renews the entry k of a grant this driver does not track:
+// one KeepAliveOnce for the lease the entry names, then a read of the entry.
+func (d *Driver) renewUntracked(ctx context.Context, k string) error {
 	id, fence, err := d.lookup(ctx, k)
 	if err != nil {
 		return storeErr("renew", err)
 	}
 	if _, err := d.cli.KeepAliveOnce(ctx, id); err != nil {
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			d.forget(k)
 			return storeErr("renew", fmt.Errorf("%w: etcd lease %x not found", driver.ErrLeaseLost, int64(id)))
 		}
 		return storeErr("renew", err)
@@ -798,31 +986,29 @@ func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration
 		return storeErr("renew", err)
 	}
 	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != fence {
-		d.forget(k)
 		return storeErr("renew", fmt.Errorf("%w: entry deleted", driver.ErrLeaseLost))
 	}
 	return nil
 }
 
 // Release deletes owner's entry only if its create revision is the grant's
-// fence, then revokes the grant's lease. It returns driver.ErrLeaseLost
-// when the entry is not there.
+// fence. The shared lease stays (other entries use it). It returns
+// driver.ErrLeaseLost when the entry is not there.
 func (d *Driver) Release(ctx context.Context, key, owner string) error {
 	if err := driver.CheckOwned(key, owner); err != nil {
 		return storeErr("release", err)
 	}
 	k := d.entry(key, owner)
 	g := d.forget(k)
-	var id clientv3.LeaseID
 	var fence int64
 	if g != nil {
-		id, fence = g.lease, g.fence
+		fence = g.fence
 	} else {
 		if d.isClosed() {
 			return storeErr("release", driver.ErrClosed)
 		}
 		var err error
-		if id, fence, err = d.lookup(ctx, k); err != nil {
+		if _, fence, err = d.lookup(ctx, k); err != nil {
 			return storeErr("release", err)
 		}
 	}
@@ -833,18 +1019,6 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 	if err != nil {
 		return storeErr("release", err)
 	}
-	// The entry is gone (or was not ours); its lease holds nothing now.
-	// Revoke it off the caller's path, so a waiter is told as soon as the
-	// entry is deleted.
-	d.mu.Lock()
-	if !d.closed {
-		d.wg.Add(1)
-		go func() {
-			defer d.wg.Done()
-			d.revoke(d.closeCtx, id)
-		}()
-	}
-	d.mu.Unlock()
 	if !resp.Succeeded {
 		return storeErr("release", driver.ErrLeaseLost)
 	}
@@ -856,11 +1030,11 @@ var errWaiterLost = errors.New("the waiter's own etcd lease or entry is gone")
 
 // Wait queues req's entry and waits, watching only the entry just before it
 // (by create revision), until it is the lowest entry of the key. While it
-// waits it keeps its own lease alive every third of the lease TTL; when that
-// lease dies or its entry is deleted, Wait returns an error matching
-// driver.ErrLeaseLost. When ctx ends, it revokes its lease (deleting the
-// entry, or a grant that raced) with a fresh bounded context and returns an
-// error matching ctx.Err().
+// waits it confirms a keepalive of its shared lease every third of the
+// lease TTL; when that lease dies or its entry is deleted, Wait returns an
+// error matching driver.ErrLeaseLost. When ctx ends, it deletes its entry
+// (or a grant that raced) with a fresh bounded context and returns an error
+// matching ctx.Err().
 func (d *Driver) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
 	if d.isClosed() {
 		return driver.Grant{}, storeErr("wait", driver.ErrClosed)
@@ -880,14 +1054,14 @@ func (d *Driver) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Gr
 		return driver.Grant{}, d.waitErr(ctx, req.Key, err)
 	}
 	if q.pred == "" {
-		return d.granted(req, q.lease, q.rev)
+		return d.granted(req, q)
 	}
+	k := d.entry(req.Key, req.Owner)
 	fail := func(err error) (driver.Grant, error) {
-		d.revoke(ctx, q.lease)
+		d.abandon(ctx, q.sl, k, q.rev)
 		return driver.Grant{}, d.waitErr(ctx, req.Key, err)
 	}
 
-	k := d.entry(req.Key, req.Owner)
 	dir := d.dir(req.Key)
 	// Own entry: a delete means this waiter's lease died or the entry was
 	// removed.
@@ -895,9 +1069,8 @@ func (d *Driver) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Gr
 	defer ownCancel()
 	ownCh := d.cli.Watch(ownCtx, k, clientv3.WithRev(q.rev+1), clientv3.WithFilterPut())
 
-	leaseTTL := time.Duration(leaseSeconds(req.TTL)) * time.Second
-	keep := time.NewTicker(leaseTTL / 3)
-	kept := &keeper{ttl: leaseTTL, last: time.Now()}
+	keep := time.NewTicker(q.sl.ttl / 3)
+	kept := &keeper{ttl: q.sl.ttl, last: time.Now()}
 	defer keep.Stop()
 
 	for {
@@ -916,7 +1089,7 @@ func (d *Driver) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Gr
 		}
 		if deleted && q.ahead == 1 {
 			// The predecessor was the holder and the only entry ahead.
-			return d.granted(req, q.lease, q.rev)
+			return d.granted(req, q)
 		}
 		octx, ocancel := context.WithTimeout(ctx, d.opTimeout)
 		q2, err := d.ahead(octx, k, dir, q)
@@ -926,7 +1099,7 @@ func (d *Driver) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Gr
 		}
 		q = q2
 		if q.pred == "" {
-			return d.granted(req, q.lease, q.rev)
+			return d.granted(req, q)
 		}
 	}
 }
@@ -936,7 +1109,6 @@ func (d *Driver) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Gr
 // and an error when ctx ends, the own entry is deleted or the own lease
 // cannot be kept alive.
 func (d *Driver) waitDelete(ctx context.Context, q queued, predCh clientv3.WatchChan, ownCh *clientv3.WatchChan, keep <-chan time.Time, kept *keeper) (bool, error) {
-	id := q.lease
 	for {
 		select {
 		case <-ctx.Done():
@@ -979,7 +1151,7 @@ func (d *Driver) waitDelete(ctx context.Context, q queued, predCh clientv3.Watch
 		case <-keep:
 			sent := time.Now()
 			kctx, cancel := context.WithTimeout(ctx, min(d.opTimeout, kept.ttl/3))
-			_, err := d.cli.KeepAliveOnce(kctx, id)
+			err := q.sl.keepAlive(kctx) // shared with the lease's other users
 			cancel()
 			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 				return false, fmt.Errorf("%w: %w", driver.ErrLeaseLost, errWaiterLost)

@@ -8,7 +8,6 @@ import (
 	"math"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/dlock-dev/dlock/driver"
@@ -16,10 +15,9 @@ import (
 
 var _ driver.Resumer = (*Driver)(nil)
 
-// Resume implements driver.Resumer. Each grant has an etcd lease of its
-// own (not a client session's), and any client may keep a lease alive by
-// its ID, so a restarted process resumes its grant by the lease ID the
-// entry names. Resume reads, in one transaction conditioned on the entry
+// Resume implements driver.Resumer. A restarted process resumes its grant
+// by putting its entry on its own shared lease (see the package doc).
+// Resume reads, in one transaction conditioned on the entry
 // <prefix>/.locks/<key>/<owner> having create revision fence, that entry
 // and the key's first entry by create revision: the entry must exist with
 // that revision and be the holder (the first), not a waiter. Then it
@@ -27,9 +25,14 @@ var _ driver.Resumer = (*Driver)(nil)
 // lease was granted with) and reads the entry back, as Renew does. A
 // missing entry, another revision, an entry that is still a waiter, a
 // reader's entry (a read lock of the rwlock recipe: the Driver resumes
-// plain locks only, and a read lock shares its key), or a lease etcd no
-// longer knows is driver.ErrLeaseLost; the refusals before the keepalive
-// write nothing.
+// plain locks only, and a read lock shares its key), or an entry gone with
+// its lease is driver.ErrLeaseLost; the refusals before the move write
+// nothing. The move is a put of the entry on this driver's shared lease for
+// req.TTL (confirmed alive by a keepalive sent after the call began),
+// conditioned on the entry's create revision, which the put keeps: the
+// fence stays. The stopped process's lease no longer holds the grant; if
+// that process is in fact still running, its Renew renews the lease the
+// entry is on now, and its driver stops expiring the grant.
 //
 // The resumed grant is tracked as a fresh one: Grant.Lost is closed when
 // the entry is deleted (lease expired or revoked, entry deleted), by the
@@ -37,10 +40,9 @@ var _ driver.Resumer = (*Driver)(nil)
 // and revokes the lease. Resuming a grant this driver already tracks
 // returns the same Lost channel.
 //
-// The lease keeps the TTL it was granted with (the grant's TTL, in whole
-// seconds rounded up, recorded in the entry): req.TTL longer than that
-// would let the client trust the grant after etcd may have ended it, and
-// is driver.ErrInvalidTTL. The holder description stays as stored. A
+// req.TTL longer than the grant's TTL (recorded in the entry) is
+// driver.ErrInvalidTTL, as when each grant kept the lease it was granted
+// with; the resumed entry records req.TTL. The holder description stays as stored. A
 // fence of 0 (never issued) is driver.ErrInvalidArgument.
 func (d *Driver) Resume(ctx context.Context, req driver.AcquireRequest, fence uint64) (driver.Grant, error) {
 	if d.isClosed() {
@@ -89,40 +91,65 @@ func (d *Driver) Resume(ctx context.Context, req driver.AcquireRequest, fence ui
 				driver.ErrInvalidTTL, req.TTL, granted))
 		}
 	}
-	if _, err := d.cli.KeepAliveOnce(ctx, id); err != nil {
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			return driver.Grant{}, storeErr("resume", fmt.Errorf("%w: etcd lease %x not found", driver.ErrLeaseLost, int64(id)))
-		}
-		return driver.Grant{}, storeErr("resume", err)
+	// Move the entry to this driver's shared lease for req.TTL (a put
+	// conditioned on the create revision, which it keeps), once that lease
+	// is confirmed alive from now: the old lease (the stopped process's)
+	// then holds nothing of this grant.
+	sl, err := d.useLease(ctx, req.TTL)
+	if errors.Is(err, errClosed) {
+		err = driver.ErrClosed
 	}
-	back, err := d.cli.Get(ctx, k)
 	if err != nil {
 		return driver.Grant{}, storeErr("resume", err)
 	}
-	if len(back.Kvs) == 0 || back.Kvs[0].CreateRevision != rev {
-		return driver.Grant{}, storeErr("resume", fmt.Errorf("%w: entry deleted", driver.ErrLeaseLost))
+	if err := sl.keepAlive(ctx); err != nil {
+		sl.unuse()
+		if errors.Is(err, errClosed) {
+			err = driver.ErrClosed
+		}
+		return driver.Grant{}, storeErr("resume", err)
 	}
-	return d.track(k, id, rev)
+	val, _ := json.Marshal(value{Holder: v.Holder, TTL: req.TTL})
+	moved, err := d.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(k), "=", rev)).
+		Then(clientv3.OpPut(k, string(val), clientv3.WithLease(sl.id))).
+		Commit()
+	if err != nil {
+		sl.unuse()
+		return driver.Grant{}, storeErr("resume", err)
+	}
+	if !moved.Succeeded {
+		sl.unuse()
+		return driver.Grant{}, storeErr("resume", fmt.Errorf("%w: entry deleted (its etcd lease %x ended, or it was released)", driver.ErrLeaseLost, int64(id)))
+	}
+	return d.track(k, sl, rev, v.Holder)
 }
 
-// track records a resumed grant and starts its loss watcher, as granted
-// does for a new one (but a driver closed meanwhile leaves the lease
-// alone: the grant is the caller's, resumed elsewhere perhaps).
-func (d *Driver) track(k string, id clientv3.LeaseID, rev int64) (driver.Grant, error) {
+// track records a resumed grant on sl (counted as its user) and starts its
+// loss watcher, as granted does for a new one (but a driver closed
+// meanwhile leaves the entry alone: the grant is the caller's, resumed
+// elsewhere perhaps).
+func (d *Driver) track(k string, sl *sharedLease, rev int64, holder string) (driver.Grant, error) {
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	if d.closed {
-		d.mu.Unlock()
+		sl.unuseLocked()
 		return driver.Grant{}, storeErr("resume", driver.ErrClosed)
 	}
 	if old, ok := d.grants[k]; ok && old.fence == rev {
-		d.mu.Unlock()
+		if old.sl != sl { // the entry moved to sl
+			if old.sl.grants[k] == old {
+				delete(old.sl.grants, k)
+				old.sl.unuseLocked()
+			}
+			old.sl = sl
+			sl.grants[k] = old
+		} else {
+			sl.unuseLocked() // the grant counts once
+		}
+		old.deadline = time.Now().Add(sl.ttl)
 		return driver.Grant{Fence: uint64(rev), Lost: old.lost}, nil
 	}
-	ctx, cancel := context.WithCancel(d.closeCtx)
-	g := &grant{lease: id, fence: rev, lost: make(chan struct{}), cancel: cancel}
-	d.grants[k] = g
-	d.wg.Add(1)
-	d.mu.Unlock()
-	go d.watchLoss(ctx, k, g)
+	g := d.trackLocked(k, sl, rev, holder)
 	return driver.Grant{Fence: uint64(rev), Lost: g.lost}, nil
 }

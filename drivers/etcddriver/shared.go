@@ -18,8 +18,8 @@ import (
 // SharedView gives the two kinds of a read-write lock: Exclusive (the
 // writer) and Shared with Limit 0 (the readers). It is etcd's own
 // RWMutex recipe (go.etcd.io/etcd/client/v3/experimental/recipes,
-// rwmutex.go) on the driver's layout, with one etcd lease per grant instead
-// of one per session:
+// rwmutex.go) on the driver's layout, with the driver's shared leases
+// (one per TTL, see leases.go) in the place of the session's:
 //
 //   - Every request, reader or writer, puts one entry in the key's
 //     directory <prefix>/.locks/<escaped K>/<owner token>, as a plain lock
@@ -99,7 +99,7 @@ func (v readerView) Release(ctx context.Context, key, owner string) error {
 }
 
 // TryAcquire puts a reader entry and keeps it only when no writer entry is
-// earlier; otherwise it revokes the entry's lease and returns
+// earlier; otherwise it deletes the entry and returns
 // driver.ErrNotAcquired.
 func (v readerView) TryAcquire(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
 	d := v.d
@@ -114,15 +114,15 @@ func (v readerView) TryAcquire(ctx context.Context, req driver.AcquireRequest) (
 		return driver.Grant{}, storeErr("acquire", err)
 	}
 	if q.pred != "" {
-		d.revoke(ctx, q.lease)
+		d.abandon(ctx, q.sl, d.entry(req.Key, req.Owner), q.rev)
 		return driver.Grant{}, storeErr("acquire", driver.ErrNotAcquired)
 	}
-	return d.granted(req, q.lease, q.rev)
+	return d.granted(req, q)
 }
 
 // Wait puts a reader entry and waits, watching only the last writer entry
-// earlier than its own, until there is none. Its lease is kept alive while
-// it waits, a cancelled waiter revokes it, and store round trips are
+// earlier than its own, until there is none. Its shared lease is kept alive while
+// it waits, a cancelled waiter deletes its entry, and store round trips are
 // bounded by the op timeout, as in the plain driver's Wait.
 func (v readerView) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
 	d := v.d
@@ -144,19 +144,18 @@ func (v readerView) Wait(ctx context.Context, req driver.AcquireRequest) (driver
 		return driver.Grant{}, d.waitErr(ctx, req.Key, err)
 	}
 	if q.pred == "" {
-		return d.granted(req, q.lease, q.rev)
-	}
-	fail := func(err error) (driver.Grant, error) {
-		d.revoke(ctx, q.lease)
-		return driver.Grant{}, d.waitErr(ctx, req.Key, err)
+		return d.granted(req, q)
 	}
 	k := d.entry(req.Key, req.Owner)
+	fail := func(err error) (driver.Grant, error) {
+		d.abandon(ctx, q.sl, k, q.rev)
+		return driver.Grant{}, d.waitErr(ctx, req.Key, err)
+	}
 	ownCtx, ownCancel := context.WithCancel(ctx)
 	defer ownCancel()
 	ownCh := d.cli.Watch(ownCtx, k, clientv3.WithRev(q.rev+1), clientv3.WithFilterPut())
-	leaseTTL := time.Duration(leaseSeconds(req.TTL)) * time.Second
-	keep := time.NewTicker(leaseTTL / 3)
-	kept := &keeper{ttl: leaseTTL, last: time.Now()}
+	keep := time.NewTicker(q.sl.ttl / 3)
+	kept := &keeper{ttl: q.sl.ttl, last: time.Now()}
 	defer keep.Stop()
 	for {
 		predCtx, predCancel := context.WithCancel(ctx)
@@ -173,45 +172,40 @@ func (v readerView) Wait(ctx context.Context, req driver.AcquireRequest) (driver
 			return fail(err)
 		}
 		if q.pred == "" {
-			return d.granted(req, q.lease, q.rev)
+			return d.granted(req, q)
 		}
 	}
 }
 
-// enqueue grants a lease and puts req's reader entry with it, in a
-// transaction that first reads every earlier entry of the key; q.pred is
-// the last earlier writer entry, "" when there is none. On an error the
-// lease has been revoked (best effort).
+// enqueue puts req's reader entry on the driver's shared lease for req.TTL,
+// in a transaction that first reads every earlier entry of the key; q.pred
+// is the last earlier writer entry, "" when there is none. An entry that
+// exists already (the same owner token retried) is put again on the shared
+// lease, keeping its create revision. On an error, an entry the
+// transaction may have put is deleted (see abandon).
 func (v readerView) enqueue(ctx context.Context, req driver.AcquireRequest) (queued, error) {
 	d := v.d
-	lg, err := d.grant(ctx, req.TTL)
-	if err != nil {
-		return queued{}, err
-	}
 	val, _ := json.Marshal(sharedValue{Holder: req.Holder, TTL: req.TTL, Mode: sharedMode})
 	k := d.entry(req.Key, req.Owner)
 	dir := d.dir(req.Key)
-	resp, err := d.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
-		Then(clientv3.OpGet(dir, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend)),
-			clientv3.OpPut(k, string(val), clientv3.WithLease(lg.ID))).
-		Else(clientv3.OpGet(k)).
-		Commit()
+	resp, sl, err := d.putEntry(ctx, req.TTL, k, string(val),
+		clientv3.OpGet(dir, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend)))
 	if err != nil {
-		d.revoke(ctx, lg.ID)
 		return queued{}, err
 	}
 	if !resp.Succeeded {
-		// The same owner token retried: keep the existing entry.
-		d.revoke(ctx, lg.ID)
-		kvs := resp.Responses[0].GetResponseRange().Kvs
+		kvs := resp.Responses[1].GetResponseRange().Kvs
 		if len(kvs) == 0 {
+			sl.unuse()
 			return queued{}, fmt.Errorf("entry %q vanished", k)
 		}
-		q := queued{lease: clientv3.LeaseID(kvs[0].Lease), rev: kvs[0].CreateRevision}
-		return v.writerAhead(ctx, req.Key, k, q)
+		q, err := v.writerAhead(ctx, req.Key, k, queued{sl: sl, rev: kvs[0].CreateRevision})
+		if err != nil {
+			sl.unuse()
+		}
+		return q, err
 	}
-	q := queued{lease: lg.ID, rev: resp.Header.Revision, seen: resp.Header.Revision}
+	q := queued{sl: sl, rev: resp.Header.Revision, seen: resp.Header.Revision}
 	q.pred = lastWriter(resp.Responses[0].GetResponseRange().Kvs)
 	return q, nil
 }

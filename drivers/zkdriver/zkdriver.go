@@ -55,6 +55,16 @@
 // high 32 bits) and is never reused; a holder's node was created after every
 // earlier holder's node of the same key, so fences strictly increase.
 //
+// A node that is its key's only child when the queue is listed right after
+// its create (every uncontended acquisition) takes instead the parent's
+// pzxid from that listing, which spares a round trip to read the node's
+// stat: it is the node's czxid unless another client created and deleted a
+// node of the key in between, and in every case greater than every earlier
+// holder's fence and smaller than every later holder's (see
+// onlyChildFence). Inspect and List report the holder node's czxid, which
+// in that race is lower than the grant's fence (still above the earlier
+// holders').
+//
 // # Sessions, TTL and loss
 //
 // The store owns expiry through the ZooKeeper session: the server deletes
@@ -624,7 +634,8 @@ type enqueued struct {
 	path     string
 	name     string
 	gen      *generation
-	stat     *zk.Stat // read right after the create
+	stat     *zk.Stat // read right after the create (Czxid 0 when not read: see onlyChildFence)
+	fence    int64    // the grant's fence, if granted
 	children []string // sorted, as listed right after the create
 }
 
@@ -677,19 +688,19 @@ func (d *Driver) enqueueAs(ctx context.Context, req driver.AcquireRequest, mode 
 	}
 	gen.nodes[path] = struct{}{}
 	d.mu.Unlock()
-	// Read the node's stat (czxid: the fence) and list the queue in one
-	// round trip: go-zookeeper pipelines concurrent requests.
-	var serr error
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		e.stat, serr = d.exists(ctx, path)
-	}()
-	e.children, err = d.children(ctx, dir)
-	wg.Wait()
+	// List the queue; when the node is the key's only child, the listing's
+	// parent stat gives its fence (see onlyChildFence), else its stat is
+	// read (czxid: the fence; one more round trip).
+	var parent *zk.Stat
+	e.children, parent, err = d.childrenStat(ctx, dir)
 	if err == nil {
-		err = serr
+		if fence, ok := onlyChildFence(e.name, e.children, parent); ok && d.conn.SessionID() == gen.session {
+			// A node this session created just now: version 0, owned
+			// by the session; its czxid is not read (czxid 0 below).
+			e.stat, e.fence = &zk.Stat{EphemeralOwner: gen.session}, fence
+		} else if e.stat, err = d.exists(ctx, path); err == nil && e.stat != nil {
+			e.fence = e.stat.Czxid
+		}
 	}
 	if err == nil && (e.stat == nil || e.stat.EphemeralOwner != gen.session) {
 		err = fmt.Errorf("%w: node %s is gone or not of this session", driver.ErrLeaseLost, path)
@@ -772,15 +783,43 @@ func (d *Driver) dropNode(ctx context.Context, e enqueued) {
 }
 
 func (d *Driver) children(ctx context.Context, dir string) ([]string, error) {
-	children, err := do(ctx, d, func() ([]string, error) {
-		c, _, err := d.conn.Children(dir)
-		return c, err
+	children, _, err := d.childrenStat(ctx, dir)
+	return children, err
+}
+
+// childrenStat lists dir's children, sorted, with dir's own stat.
+func (d *Driver) childrenStat(ctx context.Context, dir string) ([]string, *zk.Stat, error) {
+	type listing struct {
+		children []string
+		stat     *zk.Stat
+	}
+	l, err := do(ctx, d, func() (listing, error) {
+		c, st, err := d.conn.Children(dir)
+		return listing{c, st}, err
 	}, nil)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	sortChildren(children)
-	return children, nil
+	sortChildren(l.children)
+	return l.children, l.stat, nil
+}
+
+// onlyChildFence returns the fence of the node name that this session has
+// just created, from the listing of its parent read in a later request of
+// the same session, when the node is the parent's only child: the parent's
+// pzxid, the zxid of the last create or delete of one of its children. That
+// is the node's czxid unless another client created and deleted a node of
+// the key in between, and in every case a valid fence: greater than every
+// earlier holder's (their nodes were created, and their fences read, before
+// the last change the listing saw) and smaller than every later holder's
+// (their nodes are created after that change, and their fences are at
+// least their czxid). Otherwise it returns false, and the node's stat is
+// read (ZooKeeper's create answers with the path only).
+func onlyChildFence(name string, children []string, parent *zk.Stat) (int64, bool) {
+	if parent == nil || len(children) != 1 || children[0] != name || parent.Pzxid <= 0 {
+		return 0, false
+	}
+	return parent.Pzxid, true
 }
 
 // granted records the grant of e's node, which has the lowest sequence
@@ -798,7 +837,7 @@ func (d *Driver) granted(ctx context.Context, req driver.AcquireRequest, e enque
 	x.timer = time.AfterFunc(req.TTL, func() { d.expire(gk, x) })
 	d.expiries[gk] = x
 	d.mu.Unlock()
-	return driver.Grant{Fence: uint64(e.stat.Czxid), Lost: e.gen.lost}, nil
+	return driver.Grant{Fence: uint64(e.fence), Lost: e.gen.lost}, nil
 }
 
 // expire runs when a grant's TTL has passed since its last confirmed
@@ -1004,7 +1043,7 @@ func (d *Driver) owned(ctx context.Context, p string, gi grantInfo, known bool) 
 	if stat.EphemeralOwner != gen.session || d.conn.SessionID() != gen.session {
 		return nil, fmt.Errorf("%w: node %s belongs to session %x, not the current %x", driver.ErrLeaseLost, p, stat.EphemeralOwner, gen.session)
 	}
-	if known && stat.Czxid != gi.czxid {
+	if known && gi.czxid != 0 && stat.Czxid != gi.czxid {
 		return nil, fmt.Errorf("%w: node %s was replaced", driver.ErrLeaseLost, p)
 	}
 	return stat, nil

@@ -28,12 +28,18 @@ import (
 //     fastest a polling client can hand a key over, at the cost of a
 //     server kept busy. This is the speed of light for a lock round trip
 //     here, and it has no lease renewal, no fence and no durability.
+//   - RawEtcd and RawZK: W1 with etcd's and ZooKeeper's official clients
+//     alone, the lightest correct lock round trip each store allows (see
+//     RawEtcdUncontended and RawZKUncontended): the base of the etcd and
+//     zk drivers' "× raw recipe".
 //   - Limits: a loopback TCP round trip, and an appended 4 KiB write with
 //     fdatasync in the directory a durable store writes to: a durable
 //     handoff costs at least one of each.
 type Baseline struct {
 	RawRedis          []Uncontended `json:"raw_redis"`
 	RawRedisContended []Contended   `json:"raw_redis_contended"`
+	RawEtcd           []Uncontended `json:"raw_etcd,omitempty"`
+	RawZK             []Uncontended `json:"raw_zk,omitempty"`
 	Limits            Limits        `json:"limits"`
 }
 

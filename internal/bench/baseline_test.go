@@ -6,7 +6,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zookeeper/zk"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	_ "github.com/dlock-dev/dlock/drivers/etcddriver"
 	_ "github.com/dlock-dev/dlock/drivers/redisdriver"
+	_ "github.com/dlock-dev/dlock/drivers/zkdriver"
 	"github.com/dlock-dev/dlock/internal/testservers"
 )
 
@@ -69,6 +75,87 @@ func TestJain(t *testing.T) {
 	} {
 		if got := jain(tc.x); got < tc.want-1e-9 || got > tc.want+1e-9 {
 			t.Errorf("jain(%v) = %v, want %v", tc.x, got, tc.want)
+		}
+	}
+}
+
+// TestRun_RawRecipesBesideTheStores: with RawEtcdEndpoint and RawZKAddr,
+// one run measures W1 with etcd's and ZooKeeper's official clients alone
+// beside the dlock etcd and zk drivers on the same servers, the W1 rows of
+// those stores carry "× raw recipe", and the raw cells leave nothing on
+// the stores.
+func TestRun_RawRecipesBesideTheStores(t *testing.T) {
+	e := testservers.StartEtcd(t)
+	z := testservers.StartZooKeeper(t)
+	rep, err := Run(t.Context(), Config{
+		Stores: []string{e.URL(), z.URL()}, Clients: []int{1, 4}, ContendedClients: []int{2},
+		Duration: 300 * time.Millisecond, SkipHold: true,
+		RawEtcdEndpoint: e.Addr(), RawZKAddr: z.Addr(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := rep.Baseline
+	if b == nil {
+		t.Fatal("no baseline")
+	}
+	if len(b.RawEtcd) != 2 || len(b.RawZK) != 2 || len(b.RawRedis) != 0 {
+		t.Fatalf("baseline shape %+v", b)
+	}
+	for _, c := range append(b.RawEtcd, b.RawZK...) {
+		if (c.Store != "raw-etcd" && c.Store != "raw-zk") || c.CyclesPerSec <= 0 || c.AcquireP50Us <= 0 || c.Errors != 0 {
+			t.Errorf("raw recipe W1 %+v", c)
+		}
+	}
+	var buf bytes.Buffer
+	rep.Markdown(&buf)
+	md := buf.String()
+	for _, want := range []string{"raw etcd recipe", "raw ZooKeeper recipe", "| raw-etcd W1 | 4 |", "| raw-zk W1 | 4 |", "× raw recipe"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+	// Each etcd and zk W1 row has its ratio to the raw recipe: the 5th
+	// column is a ratio.
+	rows := 0
+	for _, line := range strings.Split(md, "\n") {
+		if !strings.HasPrefix(line, "| etcd | ") && !strings.HasPrefix(line, "| zk | ") {
+			continue
+		}
+		if cols := strings.Split(line, "|"); len(cols) == 10 { // a W1 row: 8 columns
+			rows++
+			if !strings.HasSuffix(strings.TrimSpace(cols[5]), "×") {
+				t.Errorf("W1 row without × raw recipe: %s", line)
+			}
+		}
+	}
+	if rows != 4 {
+		t.Errorf("%d etcd/zk W1 rows with 8 columns, want 4:\n%s", rows, md)
+	}
+	// Nothing of the raw cells is left on the stores.
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Addr()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if resp, err := cli.Get(t.Context(), "/dlock-bench-raw/", clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || resp.Count != 0 {
+		t.Errorf("raw etcd keys left: %v, %v", resp, err)
+	}
+	if ls, err := cli.Leases(t.Context()); err != nil || len(ls.Leases) != 0 {
+		t.Errorf("etcd leases left after the run: %v, %v", ls, err)
+	}
+	conn, _, err := zk.Connect([]string{z.Addr()}, 5*time.Second, zk.WithLogInfo(false), zk.WithLogger(zkNoLog{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	children, _, err := conn.Children("/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range children {
+		if strings.HasPrefix(c, "dlock-bench-raw-") {
+			t.Errorf("raw ZooKeeper node left: /%s", c)
 		}
 	}
 }

@@ -41,6 +41,14 @@ type Config struct {
 	// RawRedisAddr, when set (host:port), adds the raw Redis baselines:
 	// W1 and W2 with go-redis alone (Baseline).
 	RawRedisAddr string
+	// RawEtcdEndpoint, when set (host:port[,host:port…]), adds W1 with the
+	// official etcd client alone (RawEtcdUncontended), the base of the etcd
+	// rows' "× raw recipe".
+	RawEtcdEndpoint string
+	// RawZKAddr, when set (host:port[,host:port…]), adds W1 with
+	// go-zookeeper/zk alone (RawZKUncontended), the base of the zk rows'
+	// "× raw recipe".
+	RawZKAddr string
 	// LimitsDir, when set, adds the machine's limits (a loopback round
 	// trip, fdatasync of 4 KiB appends in this directory: that of a
 	// durable store's data).
@@ -118,7 +126,7 @@ func Redact(store string) string { return urlparam.RedactString(store) }
 
 // Report is the whole run.
 type Report struct {
-	Baseline    *Baseline     `json:"baseline,omitempty"` // with Config.RawRedisAddr or LimitsDir
+	Baseline    *Baseline     `json:"baseline,omitempty"` // with Config.LimitsDir or a Config.Raw* address
 	Uncontended []Uncontended `json:"uncontended"`
 	Contended   []Contended   `json:"contended"`
 	Held        []Held        `json:"held"`
@@ -133,7 +141,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		}
 	}
 	var rep Report
-	if cfg.LimitsDir != "" || cfg.RawRedisAddr != "" {
+	if cfg.LimitsDir != "" || cfg.RawRedisAddr != "" || cfg.RawEtcdEndpoint != "" || cfg.RawZKAddr != "" {
 		b, err := runBaseline(ctx, cfg)
 		if err != nil {
 			return rep, err
@@ -171,8 +179,8 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	return rep, nil
 }
 
-// runBaseline measures the machine's limits and the raw Redis baselines
-// that cfg asks for.
+// runBaseline measures the machine's limits and the raw baselines (Redis,
+// etcd, ZooKeeper) that cfg asks for.
 func runBaseline(ctx context.Context, cfg Config) (Baseline, error) {
 	var b Baseline
 	if cfg.LimitsDir != "" {
@@ -182,6 +190,24 @@ func runBaseline(ctx context.Context, cfg Config) (Baseline, error) {
 			return b, err
 		}
 		b.Limits = l
+	}
+	for _, n := range cfg.Clients {
+		if cfg.RawEtcdEndpoint != "" {
+			cfg.Progress("W1 raw etcd recipe (official client, no dlock), %d clients", n)
+			r, err := RawEtcdUncontended(ctx, cfg.RawEtcdEndpoint, n, cfg.Duration)
+			if err != nil {
+				return b, err
+			}
+			b.RawEtcd = append(b.RawEtcd, r)
+		}
+		if cfg.RawZKAddr != "" {
+			cfg.Progress("W1 raw ZooKeeper recipe (go-zookeeper, no dlock), %d clients", n)
+			r, err := RawZKUncontended(ctx, cfg.RawZKAddr, n, cfg.Duration)
+			if err != nil {
+				return b, err
+			}
+			b.RawZK = append(b.RawZK, r)
+		}
 	}
 	if cfg.RawRedisAddr == "" {
 		return b, nil

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"slices"
 )
 
 // storeName shortens a URL to its scheme for table rows (the run's
@@ -26,6 +27,7 @@ func storeName(raw string) string {
 func (r Report) Markdown(w io.Writer) {
 	rawW1 := map[int]float64{}
 	rawW2 := map[int]float64{}
+	recipe := map[string]map[int]float64{"etcd": {}, "zk": {}} // store name → clients → raw recipe cycles/s
 	var lim Limits
 	if b := r.Baseline; b != nil {
 		lim = b.Limits
@@ -34,6 +36,12 @@ func (r Report) Markdown(w io.Writer) {
 		}
 		for _, c := range b.RawRedisContended {
 			rawW2[c.Clients] = c.HandoffsPerSec
+		}
+		for _, c := range b.RawEtcd {
+			recipe["etcd"][c.Clients] = c.CyclesPerSec
+		}
+		for _, c := range b.RawZK {
+			recipe["zk"][c.Clients] = c.CyclesPerSec
 		}
 		fmt.Fprintln(w, "### Baseline — this machine in this run")
 		fmt.Fprintln(w)
@@ -54,6 +62,21 @@ func (r Report) Markdown(w io.Writer) {
 				fmt.Fprintf(w, "| W2 | %d | %.0f | %s | %s | %.1f ms | %.2f |\n", c.Clients, c.HandoffsPerSec, us(c.GapP50Us), us(c.GapP99Us), c.LongestWaitMs, c.Fairness)
 			}
 		}
+		if len(b.RawEtcd) > 0 || len(b.RawZK) > 0 {
+			fmt.Fprintln(w)
+			if len(b.RawEtcd) > 0 {
+				fmt.Fprintln(w, "- raw etcd recipe: the official client alone, one lease per client granted once, `Txn(If CreateRevision(key) == 0).Then(Put(key, token, lease))` then `Txn(If CreateRevision(key) == fence).Then(Delete(key))`, each client its own connection; no renewal, no waiting")
+			}
+			if len(b.RawZK) > 0 {
+				fmt.Fprintln(w, "- raw ZooKeeper recipe: go-zookeeper alone, one session per client, create an ephemeral node at the key then delete it at version 0; no fence, no renewal, no waiting")
+			}
+			fmt.Fprintln(w)
+			fmt.Fprintln(w, "| raw recipe | clients | cycles/s | acquire p50 | acquire p99 | errors |")
+			fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|")
+			for _, c := range append(slices.Clone(b.RawEtcd), b.RawZK...) {
+				fmt.Fprintf(w, "| %s W1 | %d | %.0f | %s | %s | %d |\n", c.Store, c.Clients, c.CyclesPerSec, us(c.AcquireP50Us), us(c.AcquireP99Us), c.Errors)
+			}
+		}
 		fmt.Fprintln(w)
 	}
 	// durable: the stores whose every grant is on disk before it is
@@ -68,10 +91,13 @@ func (r Report) Markdown(w io.Writer) {
 	if len(r.Uncontended) > 0 {
 		fmt.Fprintln(w, "### W1 — uncontended acquire+release (each client its own key)")
 		fmt.Fprintln(w)
-		fmt.Fprintln(w, "| store | clients | cycles/s | × raw Redis | acquire p50 | acquire p99 | errors |")
-		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|")
+		fmt.Fprintln(w, "| store | clients | cycles/s | × raw Redis | × raw recipe | acquire p50 | acquire p99 | errors |")
+		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
 		for _, c := range r.Uncontended {
-			fmt.Fprintf(w, "| %s | %d | %.0f | %s | %s | %s | %d |\n", storeName(c.Store), c.Clients, c.CyclesPerSec, ratio(c.CyclesPerSec, rawW1[c.Clients]), us(c.AcquireP50Us), us(c.AcquireP99Us), c.Errors)
+			name := storeName(c.Store)
+			// × raw recipe: etcd and zk rows against their store's raw
+			// recipe at the same client count.
+			fmt.Fprintf(w, "| %s | %d | %.0f | %s | %s | %s | %s | %d |\n", name, c.Clients, c.CyclesPerSec, ratio(c.CyclesPerSec, rawW1[c.Clients]), ratio(c.CyclesPerSec, recipe[name][c.Clients]), us(c.AcquireP50Us), us(c.AcquireP99Us), c.Errors)
 		}
 		fmt.Fprintln(w)
 	}

@@ -5,7 +5,8 @@ package bench
 // runs the dlock bench workloads against all of them in one run. It is the
 // run behind docs/BENCHMARKS.md. Beside the stores it measures the
 // machine (a loopback round trip, fdatasync in dlockd's data directory)
-// and raw Redis with go-redis alone (Baseline), so that each store's
+// raw Redis with go-redis alone, and the raw etcd and ZooKeeper lock
+// recipes with their official clients alone (Baseline), so that each store's
 // figures come with their ratios to those of the same run:
 //
 //	make bench-stores                      # writes docs/BENCHMARKS-run.md
@@ -65,7 +66,7 @@ func BenchmarkSideBySide(b *testing.B) {
 	// temp dir), and raw Redis beside the dlock Redis driver, in the same
 	// run: the ratios are the figures to read.
 	limitsDir := os.TempDir()
-	var rawRedis string
+	var rawRedis, rawEtcd, rawZK string
 	if want("dlockd") {
 		d := servertest.StartProcess(b)
 		u := "dlockd://" + d.Addr()
@@ -88,10 +89,12 @@ func BenchmarkSideBySide(b *testing.B) {
 	if want("etcd") {
 		e := testservers.StartEtcd(b)
 		stores, pids[e.URL()] = append(stores, e.URL()), e.PID()
+		rawEtcd = e.Addr()
 	}
 	if want("zk") {
 		z := testservers.StartZooKeeper(b)
 		stores, pids[z.URL()] = append(stores, z.URL()), z.PID()
+		rawZK = z.Addr()
 	}
 	if want("postgres") || want("pgadvisory") {
 		pg := testservers.StartPostgres(b)
@@ -130,7 +133,7 @@ func BenchmarkSideBySide(b *testing.B) {
 	for range b.N {
 		rep, err := Run(b.Context(), Config{
 			Stores: stores, Duration: dur, HoldKeys: holdKeys, ServerPIDs: pids,
-			RawRedisAddr: rawRedis, LimitsDir: limitsDir,
+			RawRedisAddr: rawRedis, RawEtcdEndpoint: rawEtcd, RawZKAddr: rawZK, LimitsDir: limitsDir,
 			Progress: func(format string, args ...any) { b.Logf(format, args...) },
 		})
 		if err != nil {

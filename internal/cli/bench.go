@@ -37,6 +37,8 @@ func newBenchCmd(g *globals) *cobra.Command {
 		skipHold bool
 		pids     []string
 		rawRedis string
+		rawEtcd  string
+		rawZK    string
 		limits   string
 	)
 	cmd := &cobra.Command{
@@ -63,6 +65,15 @@ waiters polling with no pause; its keys end with each cycle and expire in
 an appended 4 KiB write with fdatasync in DIR (a durable store's data
 directory): W1 and W2 rows then carry "× raw Redis", and W2 rows of
 durable stores "× disk limit", 1 / (fdatasync + round trip).
+
+--raw-etcd HOST:PORT and --raw-zk HOST:PORT run W1 with etcd's and
+ZooKeeper's official clients alone, the lightest correct lock round trip
+each allows (etcd: one lease per client, a put-if-absent transaction with
+the lease, then a delete conditioned on the create revision; ZooKeeper: one
+session per client, an ephemeral node created then deleted at its version):
+the etcd and zk W1 rows then carry "× raw recipe". Their keys live under
+/dlock-bench-raw/ (etcd) and /dlock-bench-raw-* (zk) and are deleted, and
+their etcd leases revoked, when each cell ends.
 
 Bench cleans up what it creates. Unless the URL names a namespace of its
 own, it works in a throwaway one named dlock-bench-RANDOM and deletes it
@@ -139,7 +150,7 @@ bounded tail of entries after a snapshot).`,
 			rep, err := bench.Run(ctx, bench.Config{
 				Stores: stores, Clients: clients, ContendedClients: cclients, Duration: duration,
 				HoldKeys: holdKeys, SkipHold: skipHold, ServerPIDs: pidMap,
-				RawRedisAddr: rawRedis, LimitsDir: limits,
+				RawRedisAddr: rawRedis, RawEtcdEndpoint: rawEtcd, RawZKAddr: rawZK, LimitsDir: limits,
 				Progress: func(format string, a ...any) { fmt.Fprintf(g.stderr, "bench: "+format+"\n", a...) },
 			})
 			if sig, ok := caught.Load().(os.Signal); ok {
@@ -186,6 +197,8 @@ bounded tail of entries after a snapshot).`,
 	fl.BoolVar(&skipHold, "skip-hold", false, "skip W3")
 	fl.StringArrayVar(&pids, "pid", nil, "URL=PID of a store's server process, for W3 memory")
 	fl.StringVar(&rawRedis, "raw-redis", "", "HOST:PORT of a Redis server: also run W1 and W2 with go-redis alone, the baseline of the ratios")
+	fl.StringVar(&rawEtcd, "raw-etcd", "", "HOST:PORT of an etcd endpoint: also run W1 with the etcd client alone, the base of the etcd rows' \"× raw recipe\"")
+	fl.StringVar(&rawZK, "raw-zk", "", "HOST:PORT of a ZooKeeper server: also run W1 with go-zookeeper alone, the base of the zk rows' \"× raw recipe\"")
 	fl.StringVar(&limits, "limits-dir", "", "directory (a durable store's data dir): also measure a loopback round trip and fdatasync there")
 	return cmd
 }

@@ -1,0 +1,234 @@
+package etcddriver_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/internal/testservers"
+)
+
+// entryKV returns the entry of r as the store has it (nil when gone).
+func entryKV(t *testing.T, cli *clientv3.Client, r driver.AcquireRequest) (lease clientv3.LeaseID, createRev int64, ok bool) {
+	t.Helper()
+	resp, err := cli.Get(t.Context(), "/dlock/.locks/"+r.Key+"/"+r.Owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) == 0 {
+		return 0, 0, false
+	}
+	return clientv3.LeaseID(resp.Kvs[0].Lease), resp.Kvs[0].CreateRevision, true
+}
+
+func leaseCount(t *testing.T, cli *clientv3.Client) int {
+	t.Helper()
+	resp, err := cli.Leases(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(resp.Leases)
+}
+
+// TestSharedLease_OnePerTTL: a driver's grants of one TTL share one etcd
+// lease, and a grant of another TTL gets a second one; releasing them
+// leaves the leases to the driver (revoked at Close). Before, every grant
+// had a lease of its own (20 grants: 20 leases).
+func TestSharedLease_OnePerTTL(t *testing.T) {
+	e := testservers.StartEtcd(t)
+	cli := rawClient(t, e)
+	d := openDriver(t, e.URL())
+	ctx := t.Context()
+	before := leaseCount(t, cli)
+	var reqs []driver.AcquireRequest
+	for i := range 20 {
+		r := req("share-"+string(rune('a'+i)), 5*time.Second)
+		if _, err := d.TryAcquire(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		reqs = append(reqs, r)
+	}
+	first, _, _ := entryKV(t, cli, reqs[0])
+	for _, r := range reqs {
+		if id, _, ok := entryKV(t, cli, r); !ok || id != first {
+			t.Fatalf("entry of %s on lease %x (present %v), want the shared %x", r.Key, id, ok, first)
+		}
+	}
+	if n := leaseCount(t, cli) - before; n != 1 {
+		t.Fatalf("%d new etcd leases for 20 grants of one TTL, want 1", n)
+	}
+	other := req("share-other", 10*time.Second)
+	if _, err := d.TryAcquire(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	if id, _, _ := entryKV(t, cli, other); id == first {
+		t.Fatalf("a grant of TTL 10s is on the lease of TTL 5s")
+	}
+	ttl, err := cli.TimeToLive(ctx, first)
+	if err != nil || ttl.GrantedTTL != 5 {
+		t.Fatalf("shared lease TTL = %+v, %v; want granted 5 s", ttl, err)
+	}
+	if n := leaseCount(t, cli) - before; n != 2 {
+		t.Fatalf("%d new etcd leases for two TTLs, want 2", n)
+	}
+	for _, r := range append(reqs, other) {
+		if err := d.Release(ctx, r.Key, r.Owner); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := leaseCount(t, cli) - before; n != 0 {
+		t.Fatalf("%d etcd leases left after Close with nothing held, want 0", n)
+	}
+}
+
+// TestSharedLease_UnrenewedGrantEndsAlone: of two grants on one shared
+// lease, the one renewed stays held and the one never renewed ends about
+// a lease TTL after its grant (its entry deleted, Lost closed), as it would
+// on a lease of its own.
+func TestSharedLease_UnrenewedGrantEndsAlone(t *testing.T) {
+	e := testservers.StartEtcd(t)
+	cli := rawClient(t, e)
+	d := openDriver(t, e.URL())
+	ctx := t.Context()
+	kept, idle := req("alone-kept", time.Second), req("alone-idle", time.Second)
+	gk, err := d.TryAcquire(ctx, kept)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	gi, err := d.TryAcquire(ctx, idle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, _, _ := entryKV(t, cli, kept); a != func() clientv3.LeaseID { b, _, _ := entryKV(t, cli, idle); return b }() {
+		t.Fatal("the two grants are not on one lease")
+	}
+	lostAt := time.Duration(0)
+	for time.Since(start) < 3*time.Second {
+		if err := d.Renew(ctx, kept.Key, kept.Owner, kept.TTL); err != nil {
+			t.Fatalf("Renew of the renewed grant: %v", err)
+		}
+		select {
+		case <-gi.Lost:
+			if lostAt == 0 {
+				lostAt = time.Since(start)
+			}
+		default:
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if lostAt == 0 {
+		t.Fatal("the grant never renewed was not lost within 3 s (lease TTL 1 s)")
+	}
+	if lostAt < time.Second {
+		t.Fatalf("the grant never renewed was lost after %v, before its lease TTL of 1 s", lostAt)
+	}
+	if _, _, ok := entryKV(t, cli, idle); ok {
+		t.Fatal("the unrenewed grant's entry is still on the store")
+	}
+	select {
+	case <-gk.Lost:
+		t.Fatal("the renewed grant was lost with the other")
+	default:
+	}
+	if _, _, ok := entryKV(t, cli, kept); !ok {
+		t.Fatal("the renewed grant's entry is gone")
+	}
+	if err := d.Release(ctx, kept.Key, kept.Owner); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSharedLease_LostTogether: when the shared lease ends on the store
+// (revoked here), every grant on it is lost at once, and the driver's next
+// grant of that TTL gets a new lease.
+func TestSharedLease_LostTogether(t *testing.T) {
+	e := testservers.StartEtcd(t)
+	cli := rawClient(t, e)
+	d := openDriver(t, e.URL())
+	ctx := t.Context()
+	r1, r2 := req("together-1", 5*time.Second), req("together-2", 5*time.Second)
+	g1, err := d.TryAcquire(ctx, r1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g2, err := d.TryAcquire(ctx, r2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _, _ := entryKV(t, cli, r1)
+	if _, err := cli.Revoke(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range []driver.Grant{g1, g2} {
+		select {
+		case <-g.Lost:
+		case <-time.After(5 * time.Second):
+			t.Fatal("a grant on the revoked shared lease was not lost")
+		}
+	}
+	if err := d.Renew(ctx, r1.Key, r1.Owner, r1.TTL); !errors.Is(err, driver.ErrLeaseLost) {
+		t.Fatalf("Renew after the lease ended = %v, want ErrLeaseLost", err)
+	}
+	r3 := req("together-3", 5*time.Second)
+	if _, err := d.TryAcquire(ctx, r3); err != nil {
+		t.Fatalf("TryAcquire after the shared lease ended: %v", err)
+	}
+	if id3, _, _ := entryKV(t, cli, r3); id3 == id || id3 == 0 {
+		t.Fatalf("new grant on lease %x, want a new lease (the old was %x)", id3, id)
+	}
+}
+
+// TestSharedLease_RenewWithAnotherTTLMoves: a Renew with a TTL of another
+// whole number of seconds moves the entry to the shared lease of that TTL,
+// keeping its create revision (the fence), and the grant then lives by the
+// new TTL.
+func TestSharedLease_RenewWithAnotherTTLMoves(t *testing.T) {
+	e := testservers.StartEtcd(t)
+	cli := rawClient(t, e)
+	d := openDriver(t, e.URL())
+	ctx := t.Context()
+	r := req("move-k", time.Second)
+	g, err := d.TryAcquire(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldID, rev, _ := entryKV(t, cli, r)
+	if uint64(rev) != g.Fence {
+		t.Fatalf("fence %d, create revision %d", g.Fence, rev)
+	}
+	if err := d.Renew(ctx, r.Key, r.Owner, 4*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	newID, rev2, ok := entryKV(t, cli, r)
+	if !ok || rev2 != rev || newID == oldID {
+		t.Fatalf("after Renew with 4s: lease %x (was %x), create revision %d (was %d), present %v", newID, oldID, rev2, rev, ok)
+	}
+	ttl, err := cli.TimeToLive(ctx, newID)
+	if err != nil || ttl.GrantedTTL != 4 {
+		t.Fatalf("new lease %+v, %v; want granted 4 s", ttl, err)
+	}
+	// Unrenewed past the old TTL (1 s) but within the new one (4 s): held.
+	time.Sleep(2 * time.Second)
+	select {
+	case <-g.Lost:
+		t.Fatal("the moved grant was lost by its old TTL")
+	default:
+	}
+	if err := d.Renew(ctx, r.Key, r.Owner, 4*time.Second); err != nil {
+		t.Fatalf("Renew with the new TTL: %v", err)
+	}
+	info, err := d.Inspect(ctx, r.Key)
+	if err != nil || info.Fence != g.Fence || info.TTL != 4*time.Second {
+		t.Fatalf("Inspect = %+v, %v; want fence %d, TTL 4s", info, err, g.Fence)
+	}
+	if err := d.Release(ctx, r.Key, r.Owner); err != nil {
+		t.Fatal(err)
+	}
+}
