@@ -694,8 +694,10 @@ func TestServer_QueueEntryRidesWithRelease(t *testing.T) {
 	}
 	// Alone: c queues behind b, with nothing else proposed.
 	queued := make(chan int, 1)
+	cGot := make(chan result, 1)
 	go func() {
-		_, _ = s.acquire(ctx, acquireIn{key: "k", owner: "owner-c-000000", ttl: time.Minute, wait: true}, nil, func(pos int) { queued <- pos })
+		out, err := s.acquire(ctx, acquireIn{key: "k", owner: "owner-c-000000", ttl: time.Minute, wait: true}, nil, func(pos int) { queued <- pos })
+		cGot <- result{out, err}
 	}()
 	select {
 	case pos := <-queued:
@@ -705,7 +707,12 @@ func TestServer_QueueEntryRidesWithRelease(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("a lone queue entry was never written")
 	}
-	if _, err := s.release("k", "owner-b-000000"); err != nil {
+	next, err = s.release("k", "owner-b-000000")
+	if err != nil {
 		t.Fatal(err)
+	}
+	// c is granted by b's release; the test ends only once its wait has.
+	if r := <-cGot; r.err != nil || r.out.fence != next || next == 0 {
+		t.Fatalf("c: %+v %v; release handed fence %d", r.out, r.err, next)
 	}
 }
