@@ -19,12 +19,16 @@ import (
 // a write(2) and a read(2) on each side. docs/BENCHMARKS-syscalls.md has
 // the counts.
 
-// DriversPerConn is the most Drivers that share one gRPC connection. Each
-// keeps two streams open on it (Watch and Session) plus one per Wait, and
-// dlockd allows 1,024 streams per connection by default
-// (--max-streams-per-connection); past this many Drivers a new connection
-// is dialled.
-const DriversPerConn = 64
+// DriversPerConn is the most Drivers that share one gRPC connection; past
+// it a new connection is dialled. Each Driver keeps two streams open on it
+// (Watch and Session), and each Wait and each unary call takes one more,
+// while dlockd allows 1,024 streams at once per connection by default
+// (--max-streams-per-connection; grpc-go queues a stream past that until
+// one ends): 16 Drivers leave about 60 streams each for Waits and unary
+// calls. At W1 c=64 (four connections) the read and write system calls per
+// cycle are still about a ninth of one connection per Driver (0.7 against
+// 6.1, docs/BENCHMARKS-syscalls.md; 0.4 with all 64 on one connection).
+const DriversPerConn = 16
 
 // connKey names the connections that may be shared.
 type connKey struct {

@@ -94,6 +94,30 @@ func TestDriver_SharesConnectionInProcess(t *testing.T) {
 	}
 }
 
+// TestDriver_SharedConnectionHoldsAtMostDriversPerConn: one Driver more
+// than DriversPerConn dials a second connection, and both are closed with
+// their last Drivers.
+func TestDriver_SharedConnectionHoldsAtMostDriversPerConn(t *testing.T) {
+	srv := servertest.StartEmbedded(t, servertest.Config(t, t.TempDir()))
+	p := netproxy.Start(t, srv.Addr(), 1)
+	before := dlockddriver.SharedConns()
+	ds := openShared(t, p.Addr(), dlockddriver.DriversPerConn+1)
+	for i, d := range ds {
+		if err := cycle(t.Context(), d, fmt.Sprintf("cap:%d", i)); err != nil {
+			t.Fatalf("driver %d: %v", i, err)
+		}
+	}
+	if n := p.Stats().Conns; n != 2 {
+		t.Fatalf("%d Drivers made %d connections, want 2", len(ds), n)
+	}
+	for _, d := range ds {
+		_ = d.Close()
+	}
+	if n := dlockddriver.SharedConns() - before; n != 0 {
+		t.Fatalf("%d shared connections still open after every Driver closed, want 0", n)
+	}
+}
+
 // TestDriver_SharedConnectionCallsAreIndependent: calls of many Drivers
 // interleaved on one connection get each its own answer: the ones the
 // server refuses (a key over its limit) fail alone, the valid ones run,
