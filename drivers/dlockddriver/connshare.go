@@ -34,6 +34,10 @@ const DriversPerConn = 16
 type connKey struct {
 	addr  string
 	token string
+	// TLS: both zero for plaintext; tlsID for Open's configuration (the
+	// same files give the same ID); tls for Dial's, by identity (the key
+	// holds it, so its address is not reused while the connection lives).
+	tlsID string
 	tls   *tls.Config
 }
 

@@ -25,8 +25,8 @@
 //
 // Drivers of one process share their gRPC connections, up to
 // DriversPerConn Drivers per connection: same member address, same bearer
-// token, same *tls.Config (Open builds a new one from the URL's TLS files
-// each time, so TLS Drivers made by Open do not share), no
+// token, same TLS configuration (Open's from the same URL parameters and
+// unchanged files; Dial's Options.TLS by identity), no
 // Options.DialOptions. Each Driver keeps its own session, streams and
 // leader belief; sharing the socket lets grpc-go's writer put the
 // messages of many Drivers in one write(2) under load, on the client and
@@ -316,6 +316,11 @@ type Options struct {
 	// Drivers with DialOptions never share. Open sets it from the URL's
 	// private_conn=1.
 	PrivateConn bool
+
+	// tlsID names TLS's configuration for sharing connections: set by
+	// Open (tlsConfig), whose configurations from the same files are
+	// equal; "" otherwise, and TLS is then compared by identity.
+	tlsID string
 }
 
 // check reports a configuration error in o (matching
@@ -402,7 +407,7 @@ func Open(ctx context.Context, u *url.URL) (*Driver, error) {
 		}
 		opts.PrivateConn = b
 	}
-	if opts.TLS, err = TLSConfig(u); err != nil { // tls, ca, cert, key, server_name
+	if opts.TLS, opts.tlsID, err = tlsConfig(u); err != nil { // tls, ca, cert, key, server_name
 		return nil, err
 	}
 	if opts.Token, err = Token(ctx, u); err != nil { // token_file, or the context's (token.go)
@@ -490,7 +495,14 @@ func Dial(target string, opts *Options) (*Driver, error) {
 	_ = cc.Close()
 	var share *connKey
 	if !opts.PrivateConn && len(opts.DialOptions) == 0 {
-		share = &connKey{token: opts.Token, tls: opts.TLS}
+		share = &connKey{token: opts.Token}
+		switch {
+		case opts.TLS == nil:
+		case opts.tlsID != "":
+			share.tlsID = opts.tlsID
+		default:
+			share.tls = opts.TLS
+		}
 	}
 	return newDriver(newCluster(addrs, dopts, share), opts), nil
 }
