@@ -25,7 +25,9 @@ import (
 // node, with the clients in this process.
 
 // benchArgs: DLOCKD_BENCH_NO_SESSION=1 makes the clients use unary RPCs
-// instead of their Session stream; DLOCKD_BENCH_NO_FSYNC=1 runs the server without fsync, to
+// instead of their Session stream; DLOCKD_BENCH_PRIVATE_CONN=1 gives each
+// client its own connection (Options.PrivateConn) instead of sharing one,
+// as clients in separate processes would have; DLOCKD_BENCH_NO_FSYNC=1 runs the server without fsync, to
 // separate the disk's cost from the rest; DLOCKD_BENCH_ARGS adds flags.
 func benchArgs() []string {
 	args := strings.Fields(os.Getenv("DLOCKD_BENCH_ARGS"))
@@ -39,7 +41,8 @@ func dialN(b *testing.B, addr string, n int) []*dlockddriver.Driver {
 	b.Helper()
 	ds := make([]*dlockddriver.Driver, n)
 	for i := range ds {
-		d, err := dlockddriver.Dial(addr, &dlockddriver.Options{NoWatch: true, NoSession: os.Getenv("DLOCKD_BENCH_NO_SESSION") == "1"})
+		d, err := dlockddriver.Dial(addr, &dlockddriver.Options{NoWatch: true, NoSession: os.Getenv("DLOCKD_BENCH_NO_SESSION") == "1",
+			PrivateConn: os.Getenv("DLOCKD_BENCH_PRIVATE_CONN") == "1"})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -50,7 +53,10 @@ func dialN(b *testing.B, addr string, n int) []*dlockddriver.Driver {
 }
 
 // BenchmarkUncontended: acquire+release cycles on distinct keys, one key
-// per client, each client its own connection.
+// per client, the clients sharing one connection (DLOCKD_BENCH_PRIVATE_CONN=1:
+// each its own). Besides cycles/s and CPU it reports the read and write
+// system calls per cycle of the server and of the client (/proc's syscr +
+// syscw), which shared connections cut (docs/BENCHMARKS-syscalls.md).
 func BenchmarkUncontended(b *testing.B) {
 	p := servertest.StartProcess(b, benchArgs()...)
 	for _, clients := range []int{1, 8, 64} {
@@ -61,6 +67,7 @@ func BenchmarkUncontended(b *testing.B) {
 			b.ResetTimer()
 			start := time.Now()
 			srvCPU0, cliCPU0 := procCPU(b, p.PID()), selfCPU()
+			srvIO0, cliIO0 := rwSyscalls(b, "/proc/"+strconv.Itoa(p.PID())+"/io"), rwSyscalls(b, "/proc/self/io")
 			var wg sync.WaitGroup
 			for c := range clients {
 				wg.Add(1)
@@ -91,6 +98,8 @@ func BenchmarkUncontended(b *testing.B) {
 			b.ReportMetric(float64(b.N)/el.Seconds(), "cycles/s")
 			b.ReportMetric(float64((procCPU(b, p.PID())-srvCPU0).Microseconds())/float64(b.N), "server-CPU-µs/cycle")
 			b.ReportMetric(float64((selfCPU()-cliCPU0).Microseconds())/float64(b.N), "client-CPU-µs/cycle")
+			b.ReportMetric(float64(rwSyscalls(b, "/proc/"+strconv.Itoa(p.PID())+"/io")-srvIO0)/float64(b.N), "server-rw-syscalls/cycle")
+			b.ReportMetric(float64(rwSyscalls(b, "/proc/self/io")-cliIO0)/float64(b.N), "client-rw-syscalls/cycle")
 		})
 	}
 }
@@ -293,6 +302,29 @@ func procCPU(b *testing.B, pid int) time.Duration {
 	ut, _ := strconv.ParseInt(f[11], 10, 64)
 	st, _ := strconv.ParseInt(f[12], 10, 64)
 	return time.Duration(ut+st) * 10 * time.Millisecond
+}
+
+// rwSyscalls returns the read and write system calls (syscr + syscw) a
+// process made so far, from its /proc/PID/io at path.
+func rwSyscalls(b *testing.B, path string) int64 {
+	b.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var n int64
+	for _, line := range strings.Split(string(data), "\n") {
+		for _, f := range []string{"syscr: ", "syscw: "} {
+			if v, ok := strings.CutPrefix(line, f); ok {
+				x, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					b.Fatalf("%s: %q: %v", path, line, err)
+				}
+				n += x
+			}
+		}
+	}
+	return n
 }
 
 // selfCPU returns this process's user+system CPU time.

@@ -17,6 +17,22 @@
 // 2s; see Options.LockDelay) is sent with every acquisition; absent or 0
 // means the server's default. Any other parameter, or a lock_delay that is
 // negative or not a duration, is a configuration error at Open.
+// private_conn=1 (or true) gives the Driver connections of its own
+// (Options.PrivateConn); by default the Drivers of one process opened on
+// the same member with the same credentials share one connection.
+//
+// # Shared connections
+//
+// Drivers of one process share their gRPC connections, up to
+// DriversPerConn Drivers per connection: same member address, same bearer
+// token, same TLS configuration (Open's from the same URL parameters and
+// unchanged files; Dial's Options.TLS by identity), no
+// Options.DialOptions. Each Driver keeps its own session, streams and
+// leader belief; sharing the socket lets grpc-go's writer put the
+// messages of many Drivers in one write(2) under load, on the client and
+// in the server's answers, with no wait added when idle (it flushes as soon
+// as nothing more is queued). A Driver's Close ends its own calls at once
+// and closes a connection when it was the last Driver on it.
 //
 // # TLS
 //
@@ -109,9 +125,10 @@
 //
 // # Clusters: following the leader
 //
-// The Driver keeps one gRPC connection per member (made on first use) and
-// a belief of which member leads, first the URL's first member. Every call
-// goes to the believed leader:
+// The Driver keeps one gRPC connection per member (made on first use;
+// shared with the process's other Drivers of that member and credentials,
+// see "Shared connections" below) and a belief of which member leads,
+// first the URL's first member. Every call goes to the believed leader:
 //
 //   - A node that is not the leader answers NOT_LEADER with a hint, the
 //     leader's API address (an errdetails.ErrorInfo detail, Reason
@@ -223,6 +240,7 @@ import (
 	"fmt"
 	"math"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -291,6 +309,18 @@ type Options struct {
 	// Open sets it from the URL's token_file or ContextWithToken. Without
 	// TLS, Dial refuses it for a member that is not on loopback.
 	Token string
+	// PrivateConn makes the Driver dial connections of its own instead of
+	// sharing the process's connections with other Drivers of the same
+	// members and credentials (connshare.go: "Shared connections"). False
+	// (the default): shared, up to DriversPerConn Drivers per connection;
+	// Drivers with DialOptions never share. Open sets it from the URL's
+	// private_conn=1.
+	PrivateConn bool
+
+	// tlsID names TLS's configuration for sharing connections: set by
+	// Open (tlsConfig), whose configurations from the same files are
+	// equal; "" otherwise, and TLS is then compared by identity.
+	tlsID string
 }
 
 // check reports a configuration error in o (matching
@@ -342,7 +372,7 @@ var (
 )
 
 // urlParams are the query parameters Open understands.
-var urlParams = append([]string{"lock_delay", "token_file"}, tlsParams...)
+var urlParams = append([]string{"lock_delay", "private_conn", "token_file"}, tlsParams...)
 
 // Open opens a Driver for a dlockd://host:port[,host:port…][?lock_delay=DURATION]
 // URL (see the package documentation). The connections are made lazily:
@@ -370,7 +400,14 @@ func Open(ctx context.Context, u *url.URL) (*Driver, error) {
 		}
 		opts.LockDelay = d
 	}
-	if opts.TLS, err = TLSConfig(u); err != nil { // tls, ca, cert, key, server_name
+	if v := q.Get("private_conn"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return nil, urlparam.Invalid("dlockd: URL parameter private_conn=%q is not 1, 0, true or false", v)
+		}
+		opts.PrivateConn = b
+	}
+	if opts.TLS, opts.tlsID, err = tlsConfig(u); err != nil { // tls, ca, cert, key, server_name
 		return nil, err
 	}
 	if opts.Token, err = Token(ctx, u); err != nil { // token_file, or the context's (token.go)
@@ -407,7 +444,9 @@ func parseMembers(list, shape string) ([]string, error) {
 
 // Dial opens a Driver on the dlockd cluster whose members' API addresses
 // target lists (host:port, or several separated by commas), with one gRPC
-// connection per member, made on first use, which Close closes. Calls go to
+// connection per member, made on first use and shared with other Drivers
+// of the process unless opts.PrivateConn (connshare.go), which Close
+// closes (a shared one when its last Driver closes). Calls go to
 // the member believed to lead; see the package documentation for how the
 // Driver follows the leader. It returns an error for invalid opts, and an
 // error matching driver.ErrInvalidArgument for a target with an empty
@@ -454,7 +493,18 @@ func Dial(target string, opts *Options) (*Driver, error) {
 		return nil, urlparam.Wrap("dlockd: dial "+addrs[0], err)
 	}
 	_ = cc.Close()
-	return newDriver(newCluster(addrs, dopts), opts), nil
+	var share *connKey
+	if !opts.PrivateConn && len(opts.DialOptions) == 0 {
+		share = &connKey{token: opts.Token}
+		switch {
+		case opts.TLS == nil:
+		case opts.tlsID != "":
+			share.tlsID = opts.tlsID
+		default:
+			share.tls = opts.TLS
+		}
+	}
+	return newDriver(newCluster(addrs, dopts, share), opts), nil
 }
 
 // New returns a Driver over a connection the caller owns and closes; Close

@@ -20,3 +20,7 @@ func SetWatchMoveHook(f func(session, addr string)) (restore func()) {
 	watchMoveHook = f
 	return func() { watchMoveHook = old }
 }
+
+// SharedConns returns how many shared gRPC connections the process has open
+// (connshare.go).
+func SharedConns() int { return sharedConns() }

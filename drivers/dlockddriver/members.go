@@ -23,7 +23,8 @@ import (
 )
 
 // This file owns the members of a dlockd cluster as the Driver sees them:
-// one lazily made gRPC connection per member's API address, the member
+// one lazily made gRPC connection per member's API address (shared between
+// the process's Drivers: connshare.go), the member
 // believed to lead, the decoding of the servers' leader hints, and the
 // routine that runs one call on the leader, following hints and failing
 // over to the next member.
@@ -74,13 +75,21 @@ type member struct {
 	addr string // host:port; "" for the caller's connection given to New
 
 	// Set once, under cluster.mu, by cluster.client.
-	cc     *grpc.ClientConn // owned; nil until first used, or for New's
+	cc     *grpc.ClientConn // owned or shared; nil until first used, or for New's
+	shared *sharedConn      // the pool's connection cc is, when shared (connshare.go)
 	client dlockv1.LockClient
 }
 
 // cluster is the members a Driver knows and the one it believes leads.
 type cluster struct {
 	dopts []grpc.DialOption // nil for New: hints to other addresses are not followed
+	// share, when not nil, is the key (without address) under which the
+	// members' connections are shared with other Drivers (connshare.go);
+	// done ends when the cluster closes, and with it every call made on a
+	// shared connection.
+	share  *connKey
+	done   context.Context
+	doneFn context.CancelFunc
 
 	mu      sync.Mutex
 	members []*member // the URL's, in its order, then those learned from hints
@@ -104,9 +113,13 @@ type downMark struct {
 }
 
 // newCluster returns the cluster of addrs (at least one, validated and
-// distinct), dialled lazily with dopts.
-func newCluster(addrs []string, dopts []grpc.DialOption) *cluster {
-	c := &cluster{dopts: dopts, changed: make(chan struct{})}
+// distinct), dialled lazily with dopts; with share not nil, on connections
+// shared under that key (connshare.go).
+func newCluster(addrs []string, dopts []grpc.DialOption, share *connKey) *cluster {
+	c := &cluster{dopts: dopts, changed: make(chan struct{}), share: share}
+	if share != nil {
+		c.done, c.doneFn = context.WithCancel(context.Background())
+	}
 	for _, a := range addrs {
 		c.members = append(c.members, &member{addr: a})
 	}
@@ -134,6 +147,16 @@ func (c *cluster) client(m *member) (dlockv1.LockClient, error) {
 	if c.closed {
 		return nil, errClosedConn
 	}
+	if c.share != nil {
+		key := *c.share
+		key.addr = m.addr
+		sc, err := getShared(key, c.dopts)
+		if err != nil { // the address was validated: not expected
+			return nil, status.Errorf(codes.Unavailable, "dlockd: dial %s: %v", m.addr, err)
+		}
+		m.cc, m.shared, m.client = sc.cc, sc, dlockv1.NewLockClient(driverConn{cc: sc.cc, done: c.done})
+		return m.client, nil
+	}
 	cc, err := grpc.NewClient("passthrough:///"+m.addr, c.dopts...)
 	if err != nil { // the address was validated: not expected
 		return nil, status.Errorf(codes.Unavailable, "dlockd: dial %s: %v", m.addr, err)
@@ -142,20 +165,31 @@ func (c *cluster) client(m *member) (dlockv1.LockClient, error) {
 	return m.client, nil
 }
 
-// close closes every connection the cluster made.
+// close closes every connection the cluster made, and ends its calls on
+// shared connections and gives those back (closed by the last Driver).
 func (c *cluster) close() error {
 	c.mu.Lock()
 	c.closed = true
 	var ccs []*grpc.ClientConn
+	var shared []*sharedConn
 	for _, m := range c.members {
-		if m.cc != nil {
+		switch {
+		case m.shared != nil:
+			shared = append(shared, m.shared)
+		case m.cc != nil:
 			ccs = append(ccs, m.cc)
 		}
 	}
 	c.mu.Unlock()
+	if c.doneFn != nil {
+		c.doneFn()
+	}
 	var errs []error
 	for _, cc := range ccs {
 		errs = append(errs, cc.Close())
+	}
+	for _, sc := range shared {
+		errs = append(errs, putShared(sc))
 	}
 	return errors.Join(errs...)
 }

@@ -2,8 +2,10 @@ package dlockddriver
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -41,6 +43,16 @@ var tlsParams = []string{"tls", "ca", "cert", "key", "server_name"}
 // parameter and the file. The CLI's HTTP calls to dlockd use the same
 // configuration.
 func TLSConfig(u *url.URL) (*tls.Config, error) {
+	cfg, _, err := tlsConfig(u)
+	return cfg, err
+}
+
+// tlsConfig is TLSConfig, and also returns an ID of the configuration: a
+// SHA-256 of server_name and of the bytes of the files it parsed, so that
+// two URLs whose configurations are the same (the same files, unchanged)
+// have the same ID and their Drivers may share connections (connshare.go).
+// "" with a nil configuration.
+func tlsConfig(u *url.URL) (*tls.Config, string, error) {
 	q := u.Query()
 	on := false
 	explicit := false
@@ -51,52 +63,65 @@ func TLSConfig(u *url.URL) (*tls.Config, error) {
 	case "0", "false":
 		explicit = true
 	default:
-		return nil, urlparam.Invalid("dlockd: URL parameter tls=%q: want 1, true, 0 or false", v)
+		return nil, "", urlparam.Invalid("dlockd: URL parameter tls=%q: want 1, true, 0 or false", v)
 	}
 	ca, cert, key, name := q.Get("ca"), q.Get("cert"), q.Get("key"), q.Get("server_name")
 	if ca != "" || cert != "" || key != "" {
 		if explicit && !on {
-			return nil, urlparam.Invalid("dlockd: URL parameters ca, cert and key need TLS, but the URL says tls=%s", q.Get("tls"))
+			return nil, "", urlparam.Invalid("dlockd: URL parameters ca, cert and key need TLS, but the URL says tls=%s", q.Get("tls"))
 		}
 		on = true
 	}
 	if !on {
 		if name != "" {
-			return nil, urlparam.Invalid("dlockd: URL parameter server_name=%q needs TLS (add tls=1)", name)
+			return nil, "", urlparam.Invalid("dlockd: URL parameter server_name=%q needs TLS (add tls=1)", name)
 		}
-		return nil, nil
+		return nil, "", nil
 	}
 	if (cert == "") != (key == "") {
-		return nil, urlparam.Invalid("dlockd: URL parameters cert and key go together: give both (a client certificate and its key) or neither")
+		return nil, "", urlparam.Invalid("dlockd: URL parameters cert and key go together: give both (a client certificate and its key) or neither")
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: name}
+	id := sha256.New()
+	part := func(label string, b []byte) {
+		fmt.Fprintf(id, "%s %d\n", label, len(b))
+		id.Write(b)
+	}
+	part("server_name", []byte(name))
 	if ca != "" {
-		pool, err := readCAFile(ca)
+		pool, caPEM, err := readCAFile(ca)
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		cfg.RootCAs = pool
+		part("ca", caPEM)
 	}
 	if cert != "" {
-		for _, p := range [][2]string{{"cert", cert}, {"key", key}} {
-			if _, err := os.ReadFile(p[1]); err != nil {
-				return nil, urlparam.Invalid("dlockd: URL parameter %s=%q: %v", p[0], p[1], errors.Unwrap(err))
+		var files [2][]byte
+		for i, p := range [][2]string{{"cert", cert}, {"key", key}} {
+			b, err := os.ReadFile(p[1])
+			if err != nil {
+				return nil, "", urlparam.Invalid("dlockd: URL parameter %s=%q: %v", p[0], p[1], errors.Unwrap(err))
 			}
+			files[i] = b
 		}
-		pair, err := tls.LoadX509KeyPair(cert, key)
+		pair, err := tls.X509KeyPair(files[0], files[1])
 		if err != nil {
-			return nil, urlparam.Invalid("dlockd: URL parameters cert=%q and key=%q: not a PEM certificate and its private key: %v", cert, key, err)
+			return nil, "", urlparam.Invalid("dlockd: URL parameters cert=%q and key=%q: not a PEM certificate and its private key: %v", cert, key, err)
 		}
 		cfg.Certificates = []tls.Certificate{pair}
+		part("cert", files[0])
+		part("key", files[1])
 	}
-	return cfg, nil
+	return cfg, hex.EncodeToString(id.Sum(nil)), nil
 }
 
-// readCAFile reads the PEM certificates of the ca parameter's file.
-func readCAFile(file string) (*x509.CertPool, error) {
+// readCAFile reads the PEM certificates of the ca parameter's file, and
+// returns the file's bytes too.
+func readCAFile(file string) (*x509.CertPool, []byte, error) {
 	b, err := os.ReadFile(file)
 	if err != nil {
-		return nil, urlparam.Invalid("dlockd: URL parameter ca=%q: %v", file, errors.Unwrap(err))
+		return nil, nil, urlparam.Invalid("dlockd: URL parameter ca=%q: %v", file, errors.Unwrap(err))
 	}
 	pool := x509.NewCertPool()
 	n := 0
@@ -110,15 +135,15 @@ func readCAFile(file string) (*x509.CertPool, error) {
 		}
 		c, err := x509.ParseCertificate(blk.Bytes)
 		if err != nil {
-			return nil, urlparam.Invalid("dlockd: URL parameter ca=%q: %v", file, err)
+			return nil, nil, urlparam.Invalid("dlockd: URL parameter ca=%q: %v", file, err)
 		}
 		pool.AddCert(c)
 		n++
 	}
 	if n == 0 {
-		return nil, urlparam.Invalid("dlockd: URL parameter ca=%q: no PEM certificate in the file", file)
+		return nil, nil, urlparam.Invalid("dlockd: URL parameter ca=%q: no PEM certificate in the file", file)
 	}
-	return pool, nil
+	return pool, b, nil
 }
 
 // tlsNotServed is crypto/tls's error text for a TLS client answered by a

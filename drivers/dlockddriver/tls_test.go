@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/dlock-dev/dlock/dlocktest"
 	"github.com/dlock-dev/dlock/driver"
 	"github.com/dlock-dev/dlock/drivers/dlockddriver"
+	"github.com/dlock-dev/dlock/internal/netproxy"
 	"github.com/dlock-dev/dlock/server"
 	"github.com/dlock-dev/dlock/server/servertest"
 )
@@ -266,5 +268,51 @@ func TestTLSConfig_BadParameters(t *testing.T) {
 			t.Fatalf("%s: %v", q, err)
 		}
 		_ = d.Close()
+	}
+}
+
+// TestTLS_DriversShareConnection: TLS Drivers opened from the same URL
+// parameters (the same files) share one connection; one with another CA
+// does not ride on it: it dials its own and fails verification, while the
+// others keep working.
+func TestTLS_DriversShareConnection(t *testing.T) {
+	srv, ca := tlsServer(t, nil)
+	p := netproxy.Start(t, srv.Addr(), 1)
+	other := servertest.NewCA(t, "other CA")
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	q := "ca=" + url.QueryEscape(ca.CertFile)
+	var ds []driver.Driver
+	for range 3 {
+		d, err := openTLS(ctx, p.Addr(), q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		ds = append(ds, d)
+	}
+	for i, d := range ds {
+		if err := cycle(ctx, d, "tlsshare:"+strconv.Itoa(i)); err != nil {
+			t.Fatalf("driver %d: %v", i, err)
+		}
+	}
+	if n := p.Stats().Conns; n != 1 {
+		t.Fatalf("3 TLS Drivers of the same URL made %d connections, want 1", n)
+	}
+	bad, err := openTLS(ctx, p.Addr(), "ca="+url.QueryEscape(other.CertFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Close()
+	bctx, bcancel := context.WithTimeout(ctx, 3*time.Second)
+	defer bcancel()
+	if err := cycle(bctx, bad, "tlsshare:bad"); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("Driver trusting another CA: %v, want a certificate error", err)
+	}
+	if err := cycle(ctx, ds[0], "tlsshare:after"); err != nil {
+		t.Fatal(err)
+	}
+	if n := p.Stats().Conns; n < 2 {
+		t.Fatalf("the Driver of another CA dialled no connection of its own (%d in all)", n)
 	}
 }

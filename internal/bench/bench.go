@@ -8,8 +8,9 @@
 //	W3  many held:   K keys held at once; time to acquire them all and the
 //	    store server's resident memory (when its PID is given)
 //
-// Every client opens its own Locker (its own connection), as separate
-// processes would. Every loop is bounded by a duration and every run by a
+// Every client opens its own Locker, as separate processes would, except
+// that the dlockd driver's Lockers of one process share one connection
+// (its default; private_conn=1 in the URL gives each its own). Every loop is bounded by a duration and every run by a
 // count.
 package bench
 

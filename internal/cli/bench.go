@@ -54,8 +54,10 @@ and prints one table per workload (Markdown, or JSON with -o json):
   W3  time to hold --hold-keys keys at once (default 100000) and the store
       server's resident memory, read from /proc for the PID given by --pid
 
-Every client opens its own connection, as separate processes would. Each W1
-and W2 cell runs for --duration.
+Every client opens its own Locker, as separate processes would; dlockd's
+Lockers share one connection per process (the driver's default: add
+private_conn=1 to the URL for one connection per client). Each W1 and W2
+cell runs for --duration.
 
 Two baselines read the stores' figures as ratios (absolute figures on a
 shared machine move between runs): --raw-redis HOST:PORT runs W1 and W2
