@@ -18,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -118,7 +119,18 @@ func holdSkipped(store string) string {
 	if strings.HasPrefix(store, "pgadvisory:") {
 		return "one PostgreSQL session per held lease"
 	}
+	if privateConns(store) {
+		return "the same dlockd as the row of shared connections"
+	}
 	return ""
+}
+
+// privateConns reports whether store is a dlockd URL whose Drivers each
+// dial a connection of their own (private_conn=1), as clients in separate
+// processes do; without it the Drivers of one process share connections.
+func privateConns(store string) bool {
+	u, err := url.Parse(store)
+	return err == nil && u.Scheme == "dlockd" && u.Query().Get("private_conn") == "1"
 }
 
 // Redact returns store with its password and secret-looking parameters

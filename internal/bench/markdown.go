@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/url"
 	"slices"
+	"strings"
 )
 
 // storeName shortens a URL to its scheme for table rows (the run's
@@ -16,6 +17,9 @@ func storeName(raw string) string {
 	}
 	if u.Scheme == "mem" {
 		return raw
+	}
+	if privateConns(raw) {
+		return "dlockd, own connections"
 	}
 	return u.Scheme
 }
@@ -82,7 +86,8 @@ func (r Report) Markdown(w io.Writer) {
 	// durable: the stores whose every grant is on disk before it is
 	// answered, for which the disk limit means something.
 	durable := func(store string) bool {
-		switch storeName(store) {
+		name, _, _ := strings.Cut(storeName(store), ",")
+		switch name {
 		case "dlockd", "etcd", "zk", "postgres", "postgresql", "consul":
 			return true
 		}

@@ -69,8 +69,11 @@ func BenchmarkSideBySide(b *testing.B) {
 	var rawRedis, rawEtcd, rawZK string
 	if want("dlockd") {
 		d := servertest.StartProcess(b)
+		// Twice: the Drivers of one process share connections (the
+		// default), and each client on a connection of its own, as
+		// clients in separate processes are (W3 runs once).
 		u := "dlockd://" + d.Addr()
-		stores, pids[u] = append(stores, u), d.PID()
+		stores, pids[u] = append(stores, u, u+"?private_conn=1"), d.PID()
 		limitsDir = d.DataDir
 	}
 	if want("redis") {
