@@ -1017,6 +1017,18 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 		Then(clientv3.OpDelete(k)).
 		Commit()
 	if err != nil {
+		if g != nil {
+			// The entry may still be on the shared lease, which other
+			// entries keep alive: without this, it would stay held for
+			// as long as they do, not end by its TTL. The lease's loop
+			// deletes it (only while it is still on that lease, with
+			// that create revision).
+			d.mu.Lock()
+			if !g.sl.gone {
+				g.sl.orphans[k] = fence
+			}
+			d.mu.Unlock()
+		}
 		return storeErr("release", err)
 	}
 	if !resp.Succeeded {

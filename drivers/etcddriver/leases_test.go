@@ -1,6 +1,7 @@
 package etcddriver_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -231,4 +232,40 @@ func TestSharedLease_RenewWithAnotherTTLMoves(t *testing.T) {
 	if err := d.Release(ctx, r.Key, r.Owner); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestSharedLease_FailedReleaseStillEnds: a grant whose Release could not
+// reach the store (here: its ctx already cancelled) ends on the store about
+// a lease TTL later, as it did on a lease of its own, even while another
+// grant keeps the shared lease alive; it is not left held for as long as
+// the driver holds anything else of that TTL.
+func TestSharedLease_FailedReleaseStillEnds(t *testing.T) {
+	e := testservers.StartEtcd(t)
+	cli := rawClient(t, e)
+	d := openDriver(t, e.URL())
+	ctx := t.Context()
+	kept, failed := req("failrel-kept", time.Second), req("failrel-failed", time.Second)
+	if _, err := d.TryAcquire(ctx, kept); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.TryAcquire(ctx, failed); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := d.Release(cctx, failed.Key, failed.Owner); err == nil {
+		t.Fatal("Release with a cancelled ctx succeeded; the test needs it to fail")
+	}
+	start := time.Now()
+	for time.Since(start) < 4*time.Second {
+		if err := d.Renew(ctx, kept.Key, kept.Owner, kept.TTL); err != nil {
+			t.Fatalf("Renew of the renewed grant: %v", err)
+		}
+		if _, _, ok := entryKV(t, cli, failed); !ok {
+			t.Logf("the entry whose release failed ended %v later", time.Since(start))
+			return
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	t.Fatal("the entry whose Release failed is still on the store 4 s later (lease TTL 1 s): the shared lease's keepalive keeps it held")
 }
