@@ -18,8 +18,10 @@ import (
 // The subscription starts only once the grant has been held for
 // watchDelay: most grants of a busy lock are released sooner, and a
 // subscription would cost them two pub/sub round trips (SUBSCRIBE, then
-// UNSUBSCRIBE) and a goroutine. A force release within a grant's first
-// watchDelay is found by its next renewal, as without hints.
+// UNSUBSCRIBE) and a goroutine. A hint published before the subscription
+// was confirmed reaches no one, so once it is confirmed the watch asks for
+// one recheck: a force release within a grant's first watchDelay is found
+// then (about watchDelay after the grant), not at its next renewal.
 //
 // A watch ends when this driver releases the grant, when a renewal finds it
 // lost, when the grant has gone watchSlack past its TTL without a renewal
@@ -122,6 +124,12 @@ func (d *Driver) startWatch(w *grantWatch) {
 			return // no hints: the heartbeat still finds the loss
 		}
 		defer stop()
+		// A force release before the subscription was confirmed published
+		// to no one: one renewal now finds it.
+		select {
+		case w.recheck <- struct{}{}:
+		default:
+		}
 		for {
 			select {
 			case <-ctx.Done():

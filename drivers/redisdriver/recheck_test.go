@@ -123,6 +123,48 @@ func TestRecheck_ForceReleaseEndsLeaseAtOnce(t *testing.T) {
 	waitUnwatched(t, hd)
 }
 
+// TestRecheck_ForceReleaseBeforeSubscriptionIsFound: a force release in
+// the grant's first watchDelay, before the recheck subscription exists,
+// publishes its hint to no one; the watch's first recheck, once subscribed,
+// still finds the loss within a second (the next renewal of a 30 s lease is
+// 10 s away).
+func TestRecheck_ForceReleaseBeforeSubscriptionIsFound(t *testing.T) {
+	r := testservers.StartRedis(t)
+	hd := openDriver(t, r.URL())
+	holder := dlock.New(hd, dlock.WithTTL(30*time.Second))
+	defer holder.Close()
+	admin := dlock.New(openDriver(t, r.URL()))
+	defer admin.Close()
+	ctx := t.Context()
+	c := newClient(t, r)
+
+	for i := range 3 {
+		key := "recheck/{early}/" + strconv.Itoa(i)
+		ls, err := holder.Acquire(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _, channel := hd.keys(key)
+		if m, err := c.PubSubNumSub(ctx, channel).Result(); err != nil || m[channel] != 0 {
+			t.Fatalf("NUMSUB %q right after the grant = %v, %v; want 0 (the test needs a force release before the subscription)", channel, m, err)
+		}
+		began := time.Now()
+		if _, err := admin.ForceRelease(ctx, key, "test: released before the watch"); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-ls.Context().Done():
+		case <-time.After(time.Second):
+			t.Fatalf("lease still held 1s after a force release made before its subscription (TTL 30s): %v", ls.Err())
+		}
+		if !errors.Is(ls.Err(), dlock.ErrLeaseLost) {
+			t.Fatalf("lease after the force release: %v, want ErrLeaseLost", ls.Err())
+		}
+		t.Logf("force release to lease end: %v", time.Since(began).Round(time.Millisecond))
+	}
+	waitUnwatched(t, hd)
+}
+
 // TestRecheck_WatchEndsWithGrant: the driver stops watching a grant when it
 // is released, found lost, or left a TTL unrenewed, and at Close.
 func TestRecheck_WatchEndsWithGrant(t *testing.T) {
