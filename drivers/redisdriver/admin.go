@@ -5,25 +5,10 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/dlock-dev/dlock/driver"
 )
 
 var _ driver.ForceReleaser = (*Driver)(nil)
-
-// ARGV: fence, hint channel or "". Deletes the lock hash only while it still
-// holds the grant with that fence. Returns 1, or 0 when the grant changed.
-var forceReleaseScript = redis.NewScript(`
-if redis.call('HGET', KEYS[1], 'fence') == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  if ARGV[2] ~= '' then
-    redis.call('PUBLISH', ARGV[2], 'released')
-  end
-  return 1
-end
-return 0
-`)
 
 // ForceRelease removes key's current grant whoever holds it (dlock release
 // --force) and returns what it removed. It reads the grant, then deletes it
@@ -34,6 +19,9 @@ return 0
 // the store's error wrapped. reason is not stored: Redis keeps no audit log
 // (the root package logs it with the removed grant).
 //
+// It runs the release script (the fence in place of the owner token): a
+// waiter queued on the key (Wait) is handed the key in the same script, as
+// by the holder's own release, instead of finding it free at its next poll.
 // The release hint it publishes (when Options.ReleaseHints is on) also
 // reaches the removed grant's holder, if its driver watches the grant
 // (Grant.Recheck): the holder renews at once, is refused, and learns of the
@@ -43,11 +31,11 @@ func (d *Driver) ForceRelease(ctx context.Context, key, reason string) (driver.H
 	if err != nil {
 		return driver.HolderInfo{}, err
 	}
-	lock, _, channel := d.keys(key)
+	keys, channel := d.lockKeys(key)
 	if !d.hints {
 		channel = ""
 	}
-	n, err := forceReleaseScript.Run(ctx, d.client, []string{lock}, strconv.FormatUint(info.Fence, 10), channel).Int64()
+	n, err := releaseScript.Run(ctx, d.client, keys, "", channel, handoffClaimMs, strconv.FormatUint(info.Fence, 10)).Int64()
 	if err != nil {
 		return driver.HolderInfo{}, storeErr(ctx, "force-release", err)
 	}

@@ -411,11 +411,18 @@ return 0
 	// owner token on the waiter's wake channel (and "released" on the
 	// key's channel, for readers of hints: Hint); with nobody to hand to,
 	// publishes "released". When owner does not hold the lock, removes
-	// owner's queue entry, if any (a waiter leaving). Returns 1, or 0 when
-	// not the owner.
+	// owner's queue entry, if any (a waiter leaving). With a fourth
+	// argument, a fence, it is a force release (admin.go): the grant with
+	// that fence is removed whoever owns it (owner is ignored) and the key
+	// is handed on as by its owner's release. Returns 1, or 0 when not the
+	// owner (or, forced, when the grant's fence changed).
 	releaseScript = redis.NewScript(`
-local v = redis.call('HMGET', KEYS[1], 'owner', 'q')
-if v[1] ~= ARGV[1] then
+local v = redis.call('HMGET', KEYS[1], 'owner', 'q', 'fence')
+if ARGV[4] then
+  if v[3] ~= ARGV[4] then
+    return 0
+  end
+elseif v[1] ~= ARGV[1] then
   redis.call('HDEL', KEYS[5], ARGV[1])
   return 0
 end

@@ -30,8 +30,9 @@ import (
 // wakes (the driver's other waiters ignore it). It runs the wait
 // script again, which finds its own grant, resets the expiry to the full
 // TTL and returns the fence. One waiter per release, in queue order: no
-// thundering herd, FIFO apart from newcomers that find the key free (an
-// expiry or a force release) before a queued waiter does.
+// thundering herd, FIFO apart from newcomers that find the key free (after
+// an expiry) before a queued waiter does. A force release (ForceRelease)
+// hands the key on as a release does.
 //
 // Until it is claimed, a handed-off grant expires after handoffClaim (or
 // its TTL, when shorter): a waiter that crashed, or lost the message, keeps
@@ -41,8 +42,7 @@ import (
 // always outlives its validity deadline.
 //
 // Lost wake-ups: pub/sub is fire-and-forget (a dropped connection, a
-// subscription not yet confirmed), an expiry publishes nothing, and a force
-// release publishes a plain hint that wakes every waiter. So a queued
+// subscription not yet confirmed) and an expiry publishes nothing. So a queued
 // waiter also polls, with full-jitter exponential backoff from
 // waitPollMin up to waitPollMax ("Exponential Backoff And Jitter", AWS
 // Architecture Blog, 2015): each poll is the wait script, which claims a
