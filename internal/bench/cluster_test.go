@@ -118,9 +118,14 @@ func BenchmarkCluster(b *testing.B) {
 					return waitUntil(ctx, 30*time.Second, func() bool { return c.Leader() >= 0 })
 				}
 				rep.Labels[store] = "etcd 3.4, 3 nodes"
-			case "dlockd3", "dlockd5", "dlockd3-500ms":
-				n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(name, "dlockd"), "-500ms"))
+			case "dlockd3", "dlockd5", "dlockd3-500ms", "dlockd3-batch":
+				n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSuffix(strings.TrimPrefix(name, "dlockd"), "-500ms"), "-batch"))
 				var extra []string
+				if strings.HasSuffix(name, "-batch") {
+					// Batched Raft entries, which a cluster writes only when
+					// told every member reads them (server/doc.go, # Batching).
+					extra = []string{"--batch-in-cluster"}
+				}
 				if strings.HasSuffix(name, "-500ms") {
 					// etcd's election timeout in these runs.
 					extra = []string{"--raft-heartbeat-timeout", "500ms", "--raft-election-timeout", "500ms", "--raft-leader-lease-timeout", "250ms"}
@@ -139,11 +144,14 @@ func BenchmarkCluster(b *testing.B) {
 				}
 				recoverNodes = func(ctx context.Context) error { return c.restart(ctx, killed) }
 				rep.Labels[store] = fmt.Sprintf("dlockd, %d nodes", n)
-				if len(extra) > 0 {
+				if strings.HasSuffix(name, "-500ms") {
 					rep.Labels[store] += ", Raft timeouts 500 ms"
 				}
+				if strings.HasSuffix(name, "-batch") {
+					rep.Labels[store] += ", batched entries (--batch-in-cluster)"
+				}
 			default:
-				b.Fatalf("BENCH_CLUSTERS: unknown cluster %q (etcd3, dlockd3, dlockd5, dlockd3-500ms)", name)
+				b.Fatalf("BENCH_CLUSTERS: unknown cluster %q (etcd3, dlockd3, dlockd5, dlockd3-500ms, dlockd3-batch)", name)
 			}
 			r, err := Run(b.Context(), Config{
 				Stores: []string{store}, Duration: dur, SkipHold: true,
