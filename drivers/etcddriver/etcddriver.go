@@ -248,6 +248,11 @@ type grant struct {
 	// the last grant or confirmed renewal plus the lease TTL, as its own
 	// etcd lease would have ended. The lease's loop deletes the entry then.
 	deadline time.Time
+	// expiring is set (guarded by d.mu) when the lease's loop has found
+	// the deadline passed and is deleting the entry: from then on the
+	// grant is ended, and a renewal in flight, though it may still have
+	// found the entry, reports it lost instead of extending the deadline.
+	expiring bool
 }
 
 var (
@@ -872,12 +877,16 @@ func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration
 	d.mu.Lock()
 	g := d.grants[k]
 	var sl *sharedLease
+	expiring := false
 	if g != nil {
-		sl = g.sl
+		sl, expiring = g.sl, g.expiring
 	}
 	d.mu.Unlock()
 	if g == nil {
 		return d.renewUntracked(ctx, k)
+	}
+	if expiring {
+		return storeErr("renew", errExpiring)
 	}
 	if leaseSeconds(ttl) != sl.secs {
 		return d.move(ctx, k, g, ttl, start)
@@ -914,12 +923,22 @@ func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration
 		}
 	}
 	d.mu.Lock()
+	defer d.mu.Unlock()
+	if g.expiring {
+		// The lease's loop found the deadline passed while this renewal
+		// was in flight and is deleting the entry (its delete may come
+		// after the read above): the grant ended at its deadline.
+		return storeErr("renew", errExpiring)
+	}
 	if end := start.Add(sl.ttl); end.After(g.deadline) {
 		g.deadline = end
 	}
-	d.mu.Unlock()
 	return nil
 }
+
+// errExpiring is Renew's answer for a grant whose deadline passed and whose
+// entry the lease's loop is deleting.
+var errExpiring = fmt.Errorf("%w: not renewed within its TTL (the entry is being deleted)", driver.ErrLeaseLost)
 
 // move puts grant g's entry k on the shared lease for ttl, conditioned on
 // its create revision (kept by the put), after a keepalive of that lease
@@ -954,6 +973,18 @@ func (d *Driver) move(ctx context.Context, k string, g *grant, ttl time.Duration
 		return storeErr("renew", fmt.Errorf("%w: entry deleted", driver.ErrLeaseLost))
 	}
 	d.mu.Lock()
+	if g.expiring {
+		// The old lease's loop is deleting the entry (its delete,
+		// conditioned on the old lease, fails now and marks the grant
+		// lost): the grant ended at its deadline, and the entry now on
+		// nsl is an orphan for nsl's loop to delete.
+		if !nsl.gone {
+			nsl.orphans[k] = g.fence
+		}
+		nsl.unuseLocked()
+		d.mu.Unlock()
+		return storeErr("renew", errExpiring)
+	}
 	if d.grants[k] == g {
 		old := g.sl
 		delete(old.grants, k)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -20,6 +21,10 @@ import (
 // TTL, and one for every batch of renewals, see keepAlive), and revoked
 // once it has had no entry for a whole TTL, or at Close when it has none.
 // The package doc says what this means for loss.
+
+// testHookExpiring, when set by a test, runs in a lease's loop after it
+// marked expired grants and before it deletes their entries.
+var testHookExpiring atomic.Pointer[func()]
 
 // sharedLease is one etcd lease shared by the driver's entries of one TTL.
 type sharedLease struct {
@@ -281,6 +286,7 @@ func (s *sharedLease) loop() {
 		var del []entry
 		for k, g := range s.grants {
 			if now.After(g.deadline) {
+				g.expiring = true // a renewal in flight now reports the grant lost
 				del = append(del, entry{k, g.fence, g})
 			}
 		}
@@ -289,6 +295,9 @@ func (s *sharedLease) loop() {
 			orphans = append(orphans, entry{k, rev, nil})
 		}
 		d.mu.Unlock()
+		if h := testHookExpiring.Load(); h != nil && len(del) > 0 {
+			(*h)()
+		}
 		// A grant its holder stopped renewing ends as its own etcd lease
 		// would have: the delete is seen by its loss watcher. One whose
 		// entry is on another lease now (resumed by another process) is

@@ -3,12 +3,14 @@ package etcddriver_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/drivers/etcddriver"
 	"github.com/dlock-dev/dlock/internal/testservers"
 )
 
@@ -268,4 +270,71 @@ func TestSharedLease_FailedReleaseStillEnds(t *testing.T) {
 		time.Sleep(250 * time.Millisecond)
 	}
 	t.Fatal("the entry whose Release failed is still on the store 4 s later (lease TTL 1 s): the shared lease's keepalive keeps it held")
+}
+
+// TestSharedLease_RenewRacingExpiryIsLost: a renewal in flight while the
+// shared lease's loop deletes the entry of a grant past its deadline never
+// reports success. Before, the renewal could read the entry just before the
+// loop's delete, answer nil and extend the deadline of a grant whose entry
+// was then deleted (another client could take the key while its holder
+// believed it renewed). The loop's pass is held at the point between
+// marking the grant expired and deleting its entry, and Renew runs there.
+func TestSharedLease_RenewRacingExpiryIsLost(t *testing.T) {
+	e := testservers.StartEtcd(t)
+	cli := rawClient(t, e)
+	d := openDriver(t, e.URL())
+	ctx := t.Context()
+	r := req("expiry-race", time.Second)
+
+	renewed := make(chan error, 1)
+	var once sync.Once
+	restore := etcddriver.SetTestHookExpiring(func() {
+		once.Do(func() {
+			// The entry is still on the store here: the loop has not
+			// deleted it yet.
+			if _, _, ok := entryKV(t, cli, r); !ok {
+				renewed <- errors.New("the entry was gone before the loop deleted it")
+				return
+			}
+			renewed <- d.Renew(ctx, r.Key, r.Owner, r.TTL)
+		})
+	})
+	defer restore()
+
+	g, err := d.TryAcquire(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rerr error
+	select {
+	case rerr = <-renewed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the lease's loop did not expire the unrenewed grant within 5 s (TTL 1 s)")
+	}
+	if rerr == nil {
+		t.Fatal("Renew racing the loop's delete of the expired entry answered nil")
+	}
+	if !errors.Is(rerr, driver.ErrLeaseLost) {
+		t.Fatalf("Renew racing the loop's delete = %v, want ErrLeaseLost", rerr)
+	}
+	select {
+	case <-g.Lost:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the expired grant was not reported lost within 5 s")
+	}
+	if _, _, ok := entryKV(t, cli, r); ok {
+		t.Fatal("the expired grant's entry is still on the store")
+	}
+	if err := d.Renew(ctx, r.Key, r.Owner, r.TTL); !errors.Is(err, driver.ErrLeaseLost) {
+		t.Fatalf("Renew after the expiry = %v, want ErrLeaseLost", err)
+	}
+	// The key is free for another owner, with a greater fence.
+	r2 := req("expiry-race", time.Second)
+	g2, err := d.TryAcquire(ctx, r2)
+	if err != nil || g2.Fence <= g.Fence {
+		t.Fatalf("TryAcquire after the expiry = %+v, %v; want a grant with fence > %d", g2, err, g.Fence)
+	}
+	if err := d.Release(ctx, r2.Key, r2.Owner); err != nil {
+		t.Fatal(err)
+	}
 }
