@@ -30,15 +30,30 @@ type lostEntry struct {
 const maxLossReasons = 256
 
 // grant registers the Lost channel of a new grant. With the Watch stream
-// off (Options.NoWatch) or after Close, Grant.Lost stays nil.
+// off (Options.NoWatch) or after Close, Grant.Lost stays nil. The Watch
+// stream and the acquisition's answer travel apart, so the server's LOST
+// for this very grant (a short TTL, a force release right after the grant)
+// may have come first: markLost kept its fence, and the grant's Lost
+// channel is then closed from the start.
 func (d *Driver) grant(req driver.AcquireRequest, fence uint64) driver.Grant {
 	g := driver.Grant{Fence: fence}
+	k := grantKey{req.Key, req.Owner}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	delete(d.reasons, grantKey{req.Key, req.Owner}) // of an earlier grant of the same owner token
+	// An older grant's early news has another fence (fences only grow),
+	// and is left to age out of early.
+	f, seen := d.early[k]
+	lostFirst := seen && f == fence
+	if !lostFirst {
+		delete(d.reasons, k) // of an earlier grant of the same owner token
+	}
 	if !d.noWatch && d.watchCtx.Err() == nil && !d.closed {
 		ch := make(chan struct{})
-		d.lost[grantKey{req.Key, req.Owner}] = lostEntry{ch, fence}
+		if lostFirst {
+			close(ch)
+		} else {
+			d.lost[k] = lostEntry{ch, fence}
+		}
 		g.Lost = ch
 	}
 	return g
@@ -67,6 +82,12 @@ func (d *Driver) markLost(key, owner string, fence uint64, reason string) {
 		close(e.ch)
 		delete(d.lost, k)
 	}
+	if !ok && fence != 0 && reason != reasonUnseen {
+		// No grant registered for it: an older grant's news, or this
+		// grant's, come before its acquisition's answer was registered.
+		// grant tells them apart by the fence.
+		d.rememberEarlyLocked(k, fence)
+	}
 	if reason == "" || (reason == reasonUnseen && !closed) {
 		// A fence check that closed nothing (the loss was pushed
 		// meanwhile) keeps the server's own reason.
@@ -80,6 +101,20 @@ func (d *Driver) markLost(key, owner string, fence uint64, reason string) {
 		d.reasonOrder = append(d.reasonOrder, k)
 	}
 	d.reasons[k] = reason
+}
+
+// rememberEarlyLocked keeps the fence of a loss pushed for a grant not
+// registered (yet), at most maxLossReasons of them, oldest dropped first.
+// Call with d.mu held.
+func (d *Driver) rememberEarlyLocked(k grantKey, fence uint64) {
+	if _, seen := d.early[k]; !seen {
+		for len(d.earlyOrder) >= maxLossReasons {
+			delete(d.early, d.earlyOrder[0])
+			d.earlyOrder = d.earlyOrder[1:]
+		}
+		d.earlyOrder = append(d.earlyOrder, k)
+	}
+	d.early[k] = fence
 }
 
 // lossReason describes why the server ended owner's grant on key, from the

@@ -1,0 +1,63 @@
+package dlockddriver
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/dlock-dev/dlock/driver"
+)
+
+// TestGrant_LossPushedBeforeRegistration: the Watch stream's LOST for a
+// grant may arrive before the acquisition's answer registers the grant
+// (they travel apart). Before, that news found nothing to close and was
+// dropped, and the holder learned of the loss only at its next renewal.
+// Now the grant's Lost channel is closed from the start, with the server's
+// reason kept; news of an older grant of the same owner token (a smaller
+// fence) does not close a newer grant's channel.
+func TestGrant_LossPushedBeforeRegistration(t *testing.T) {
+	d := &Driver{
+		lost:     make(map[grantKey]lostEntry),
+		reasons:  make(map[grantKey]string),
+		early:    make(map[grantKey]uint64),
+		watchCtx: context.Background(),
+	}
+	req := driver.AcquireRequest{Key: "k", Owner: "owner-1", TTL: time.Second}
+
+	d.markLost(req.Key, req.Owner, 7, "FORCE_RELEASED")
+	g := d.grant(req, 7)
+	select {
+	case <-g.Lost:
+	default:
+		t.Fatal("a grant whose LOST came before its registration has an open Lost channel")
+	}
+	if r := d.lossReason(req.Key, req.Owner); r != "an operator force-released it" {
+		t.Fatalf("loss reason %q, want the server's FORCE_RELEASED", r)
+	}
+
+	// An older grant's news (fence 7) does not end the next grant (fence 9).
+	g = d.grant(req, 9)
+	select {
+	case <-g.Lost:
+		t.Fatal("an older grant's early loss closed a newer grant's Lost channel")
+	default:
+	}
+	if r := d.lossReason(req.Key, req.Owner); r != "" {
+		t.Fatalf("loss reason of the new grant %q, want none", r)
+	}
+	// Its own loss, pushed after registration, still closes it.
+	d.markLost(req.Key, req.Owner, 9, "EXPIRED")
+	select {
+	case <-g.Lost:
+	default:
+		t.Fatal("a loss pushed after registration did not close the Lost channel")
+	}
+
+	// Early news is bounded.
+	for i := range 3 * maxLossReasons {
+		d.markLost("other", "owner-"+string(rune('a'+i%26))+time.Duration(i).String(), uint64(i+1), "EXPIRED")
+	}
+	if len(d.early) > maxLossReasons || len(d.earlyOrder) > maxLossReasons {
+		t.Fatalf("%d early losses kept (%d in order), want at most %d", len(d.early), len(d.earlyOrder), maxLossReasons)
+	}
+}
