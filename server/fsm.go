@@ -1408,16 +1408,7 @@ func encodeSnapEntry(e *enc, key string, en *lockEntry, v3 bool) {
 	g := &en.grant
 	e.str(key)
 	e.boolean(en.held)
-	e.str(g.owner)
-	e.str(g.holder())
-	e.str(g.session())
-	e.u64(g.fence)
-	e.dur(g.ttl)
-	e.dur(g.lockDelay)
-	e.u64(g.version)
-	e.dur(g.restartTTL)
-	e.boolean(g.suspect)
-	e.dur(g.suspectLeft)
+	encodeGrantFields(e, g)
 	e.dur(en.delay)
 	e.u64(en.delayVersion)
 	if !v3 {

@@ -388,6 +388,15 @@ func (f *fsm) checkShared(k string, e *lockEntry) error {
 
 // encodeSharedGrant writes one Shared grant of a snapshot (v4).
 func encodeSharedGrant(e *enc, g *grant) {
+	encodeGrantFields(e, g)
+	e.boolean(g.delayed)
+}
+
+// encodeGrantFields writes the fields a snapshot keeps of every grant, an
+// entry's exclusive grant (encodeSnapEntry) and each Shared grant alike:
+// owner, holder, session, fence, TTL, lock-delay, version, restart TTL,
+// suspect and the suspect's time left.
+func encodeGrantFields(e *enc, g *grant) {
 	e.str(g.owner)
 	e.str(g.holder())
 	e.str(g.session())
@@ -398,7 +407,6 @@ func encodeSharedGrant(e *enc, g *grant) {
 	e.dur(g.restartTTL)
 	e.boolean(g.suspect)
 	e.dur(g.suspectLeft)
-	e.boolean(g.delayed)
 }
 
 // decodeSharedEntry reads what a v4 snapshot adds to an entry: its limit
