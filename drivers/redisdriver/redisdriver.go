@@ -363,6 +363,23 @@ func OpenURL(ctx context.Context, u *url.URL) (*Driver, error) {
 	return d, nil
 }
 
+// luaNextFence defines nextFence(), which the scripts that grant a key
+// share: the next fence of KEYS[2], the shared counter of the key's slot,
+// after folding KEYS[3], the key's legacy per-key counter, into it (max)
+// and deleting it, so no fence goes back after an upgrade.
+const luaNextFence = `
+local function nextFence()
+  local old = redis.call('GET', KEYS[3])
+  if old then
+    if tonumber(old) > tonumber(redis.call('GET', KEYS[2]) or '0') then
+      redis.call('SET', KEYS[2], old)
+    end
+    redis.call('DEL', KEYS[3])
+  end
+  return redis.call('INCR', KEYS[2])
+end
+`
+
 // The scripts. KEYS[1] is the lock hash; for acquire, KEYS[2] is the shared
 // fence counter of its slot and KEYS[3] its legacy per-key counter. All the
 // keys of one call are in one Cluster slot.
@@ -370,7 +387,7 @@ var (
 	// ARGV: owner, ttl in ms, holder. Returns the fence, or 0 when held.
 	// A legacy counter is folded into the shared one (max) and deleted
 	// before the INCR, so no fence goes back after an upgrade.
-	acquireScript = redis.NewScript(`
+	acquireScript = redis.NewScript(luaNextFence + `
 local cur = redis.call('HGET', KEYS[1], 'owner')
 if cur then
   if cur == ARGV[1] then
@@ -380,14 +397,7 @@ if cur then
   end
   return 0
 end
-local old = redis.call('GET', KEYS[3])
-if old then
-  if tonumber(old) > tonumber(redis.call('GET', KEYS[2]) or '0') then
-    redis.call('SET', KEYS[2], old)
-  end
-  redis.call('DEL', KEYS[3])
-end
-local fence = redis.call('INCR', KEYS[2])
+local fence = nextFence()
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', fence, 'holder', ARGV[3], 'ttl', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return fence
@@ -416,7 +426,7 @@ return 0
 	// that fence is removed whoever owns it (owner is ignored) and the key
 	// is handed on as by its owner's release. Returns 1, or 0 when not the
 	// owner (or, forced, when the grant's fence changed).
-	releaseScript = redis.NewScript(`
+	releaseScript = redis.NewScript(luaNextFence + `
 local v = redis.call('HMGET', KEYS[1], 'owner', 'q', 'fence')
 if ARGV[4] then
   if v[3] ~= ARGV[4] then
@@ -447,14 +457,7 @@ while v[2] do
       local ttl = string.sub(e, a + 1, b - 1)
       local n = tonumber(string.sub(e, b + 1, c - 1))
       local wake = string.sub(e, c + 1, c + n)
-      local old = redis.call('GET', KEYS[3])
-      if old then
-        if tonumber(old) > tonumber(redis.call('GET', KEYS[2]) or '0') then
-          redis.call('SET', KEYS[2], old)
-        end
-        redis.call('DEL', KEYS[3])
-      end
-      local fence = redis.call('INCR', KEYS[2])
+      local fence = nextFence()
       redis.call('HSET', KEYS[1], 'owner', w, 'fence', fence, 'holder', string.sub(e, c + n + 1), 'ttl', ttl)
       if redis.call('LLEN', KEYS[4]) > 0 then
         redis.call('HSET', KEYS[1], 'q', '1')

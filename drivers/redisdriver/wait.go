@@ -80,7 +80,7 @@ var _ driver.Waiter = (*Driver)(nil)
 // the caller (or refreshing its place) when another owner holds the key; it
 // then marks the holder's hash (field q) so that its release looks at the
 // queue (a release of a grant nobody queued behind skips it).
-var waitScript = redis.NewScript(`
+var waitScript = redis.NewScript(luaNextFence + `
 local cur = redis.call('HGET', KEYS[1], 'owner')
 if cur == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -89,14 +89,7 @@ if cur == ARGV[1] then
   return tonumber(redis.call('HGET', KEYS[1], 'fence'))
 end
 if not cur then
-  local old = redis.call('GET', KEYS[3])
-  if old then
-    if tonumber(old) > tonumber(redis.call('GET', KEYS[2]) or '0') then
-      redis.call('SET', KEYS[2], old)
-    end
-    redis.call('DEL', KEYS[3])
-  end
-  local fence = redis.call('INCR', KEYS[2])
+  local fence = nextFence()
   redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', fence, 'holder', ARGV[3], 'ttl', ARGV[2])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   redis.call('HDEL', KEYS[5], ARGV[1])
