@@ -21,10 +21,11 @@ func freeLoopback(b *testing.B) string {
 	return ln.Addr().String()
 }
 
-// BenchmarkRaftPath_AcquireRelease measures the server without gRPC: 64
-// goroutines call acquire and release on the Server directly (fsync on), so
-// the figure is the Raft + bbolt + FSM ceiling that the API path shares.
-func BenchmarkRaftPath_AcquireRelease(b *testing.B) {
+// startBenchServer starts a single durable dlockd Server (fsync on, quiet
+// logs, 100 ms Raft timeouts) on free loopback ports with its data in a
+// temp dir, waits until it is ready, and closes it when the benchmark ends.
+func startBenchServer(b *testing.B) *Server {
+	b.Helper()
 	cfg := DefaultConfig()
 	cfg.Listen, cfg.RaftBind, cfg.DataDir = freeLoopback(b), freeLoopback(b), b.TempDir()
 	cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = 100*time.Millisecond, 100*time.Millisecond, 100*time.Millisecond
@@ -37,12 +38,20 @@ func BenchmarkRaftPath_AcquireRelease(b *testing.B) {
 	if err := s.Start(); err != nil {
 		b.Fatal(err)
 	}
-	defer s.Close()
+	b.Cleanup(func() { s.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := s.WaitReady(ctx); err != nil {
 		b.Fatal(err)
 	}
+	return s
+}
+
+// BenchmarkRaftPath_AcquireRelease measures the server without gRPC: 64
+// goroutines call acquire and release on the Server directly (fsync on), so
+// the figure is the Raft + bbolt + FSM ceiling that the API path shares.
+func BenchmarkRaftPath_AcquireRelease(b *testing.B) {
+	s := startBenchServer(b)
 	const workers = 64
 	b.ResetTimer()
 	start := time.Now()

@@ -3,8 +3,6 @@ package server
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -19,24 +17,9 @@ import (
 func BenchmarkHandoff(b *testing.B) {
 	for _, n := range []int{8, 64} {
 		b.Run(fmt.Sprint("waiters=", n), func(b *testing.B) {
-			cfg := DefaultConfig()
-			cfg.Listen, cfg.RaftBind, cfg.DataDir = freeLoopback(b), freeLoopback(b), b.TempDir()
-			cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = 100*time.Millisecond, 100*time.Millisecond, 100*time.Millisecond
-			cfg.RaftLogLevel = "off"
-			cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-			s, err := New(cfg)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := s.Start(); err != nil {
-				b.Fatal(err)
-			}
-			defer s.Close()
+			s := startBenchServer(b)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()
-			if err := s.WaitReady(ctx); err != nil {
-				b.Fatal(err)
-			}
 			var mu sync.Mutex
 			grants := 0
 			b.ResetTimer()
