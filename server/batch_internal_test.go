@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"reflect"
 	"sync"
 	"testing"
@@ -337,21 +336,7 @@ func TestFSM_BatchSameKeyTwice(t *testing.T) {
 	// above every fence issued, also when the entry index is behind them
 	// (an entry of three grants took three fences).
 	h.entry(acquireCmd("j", "m", false), acquireCmd("j2", "m", false), acquireCmd("j3", "m", false))
-	snap, err := h.bat.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sink := &memSink{}
-	if err := snap.Persist(sink); err != nil {
-		t.Fatal(err)
-	}
-	restored := newFSM(nil)
-	if err := restored.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
-		t.Fatal(err)
-	}
-	if a, b := dump(h.bat), dump(restored); a != b {
-		t.Fatalf("restore differs:\n%s\n%s", a, b)
-	}
+	restored := snapshotRestored(t, h.bat)
 	var top uint64
 	for fence := range h.fences {
 		top = max(top, fence)
@@ -410,21 +395,7 @@ func FuzzFSMApplyBatch(f *testing.F) {
 		if len(pending) > 0 {
 			h.entry(pending...)
 		}
-		snap, err := h.bat.Snapshot()
-		if err != nil {
-			t.Fatal(err)
-		}
-		sink := &memSink{}
-		if err := snap.Persist(sink); err != nil {
-			t.Fatal(err)
-		}
-		restored := newFSM(nil)
-		if err := restored.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
-			t.Fatal(err)
-		}
-		if a, b := dump(h.bat), dump(restored); a != b {
-			t.Fatalf("restore differs:\n%s\n%s", a, b)
-		}
+		restored := snapshotRestored(t, h.bat)
 		var top uint64
 		for fence := range h.fences {
 			top = max(top, fence)

@@ -3,7 +3,6 @@ package server
 import (
 	"bytes"
 	"fmt"
-	"io"
 	"runtime"
 	"testing"
 	"time"
@@ -399,21 +398,7 @@ func FuzzFSMApply(f *testing.F) {
 				fm.mu.RUnlock()
 			}
 		}
-		snap, err := fm.Snapshot()
-		if err != nil {
-			t.Fatal(err)
-		}
-		sink := &memSink{}
-		if err := snap.Persist(sink); err != nil {
-			t.Fatal(err)
-		}
-		restored := newFSM(nil)
-		if err := restored.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
-			t.Fatal(err)
-		}
-		if a, b := dump(fm), dump(restored); a != b {
-			t.Fatalf("restore differs:\n%s\n%s", a, b)
-		}
+		restored := snapshotRestored(t, fm)
 		if err := restored.check(); err != nil {
 			t.Fatal(err)
 		}

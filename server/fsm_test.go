@@ -244,6 +244,28 @@ func (s *memSink) ID() string    { return "mem" }
 func (s *memSink) Cancel() error { s.cancelled = true; return nil }
 func (s *memSink) Close() error  { return nil }
 
+// snapshotRestored snapshots f, restores the snapshot into a new FSM, fails
+// t unless both dump the same table, and returns the restored FSM.
+func snapshotRestored(t testing.TB, f *fsm) *fsm {
+	t.Helper()
+	snap, err := f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := &memSink{}
+	if err := snap.Persist(sink); err != nil {
+		t.Fatal(err)
+	}
+	restored := newFSM(nil)
+	if err := restored.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
+		t.Fatal(err)
+	}
+	if a, b := dump(f), dump(restored); a != b {
+		t.Fatalf("restore differs:\n%s\n%s", a, b)
+	}
+	return restored
+}
+
 func TestFSM_SnapshotRestoreAndDeterminism(t *testing.T) {
 	h := newFSMHarness(t)
 	for i := range 50 {

@@ -1,8 +1,6 @@
 package server
 
 import (
-	"bytes"
-	"io"
 	"testing"
 	"time"
 )
@@ -226,21 +224,7 @@ func TestFSM_SuspectSnapshotRoundTrip(t *testing.T) {
 	h.apply(acq("k", "b", true))
 	h.apply(acq("j", "c", false))
 	h.apply(command{op: opSuspect, suspects: []suspectMark{{key: "k", owner: "a", version: v, left: 250 * time.Millisecond}}})
-	snap, err := h.f.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sink := &memSink{}
-	if err := snap.Persist(sink); err != nil {
-		t.Fatal(err)
-	}
-	restored := newFSM(nil)
-	if err := restored.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
-		t.Fatal(err)
-	}
-	if a, b := dump(h.f), dump(restored); a != b {
-		t.Fatalf("restore differs:\n%s\n%s", a, b)
-	}
+	restored := snapshotRestored(t, h.f)
 	g, _ := restored.get("k")
 	if !g.grant.suspect || g.grant.suspectLeft != 250*time.Millisecond {
 		t.Fatalf("restored grant %+v", g.grant)
