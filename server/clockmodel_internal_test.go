@@ -53,7 +53,8 @@ func (m *clockModel) lockEvents(evs []event) {
 	}
 }
 
-func (m *clockModel) lockReset(state []event) { m.c.reset(state) }
+func (m *clockModel) lockReset(state []event)   { m.c.reset(state) }
+func (m *clockModel) undecodable(uint64, error) {}
 
 func (m *clockModel) dump() string {
 	s := ""

@@ -1061,6 +1061,12 @@ func (s *Server) removedErr() error {
 	return apiErr(codes.Unavailable, ReasonNotMember, "this node (%s) was removed from the cluster and takes no further part: ask another member; to add it again, stop it, empty its data directory and start it with --join", s.cfg.NodeID)
 }
 
+// divergedErr is the answer of a node whose FSM skipped a committed entry
+// (see undecodable): UNAVAILABLE (DIVERGED), with no leader hint.
+func (s *Server) divergedErr(index uint64) error {
+	return apiErr(codes.Unavailable, ReasonDiverged, "this node (%s) could not decode committed log entry %d (written by a newer dlockd?) and no longer serves: ask another member; upgrade this node, empty its data directory and start it with --join", s.cfg.NodeID, index)
+}
+
 // registerSelf makes one attempt at registering this node; nil when its
 // entry is current (or it is not a member yet).
 func (s *Server) registerSelf() error {
@@ -1173,6 +1179,12 @@ const (
 	probeInterval = 250 * time.Millisecond
 	probeTimeout  = time.Second
 )
+
+// ErrUndecodableEntry is the error (wrapped) on Failed of a node whose FSM
+// met a committed command entry it could not decode, such as a batched
+// entry (log format of this release) replayed by an older dlockd, or a
+// command of a newer one. The node stops serving (see Server.undecodable).
+var ErrUndecodableEntry = errors.New("dlockd: a committed log entry does not decode on this node")
 
 // ErrWipedMember is the error (wrapped) of a node refused because the
 // cluster records another data directory under its node ID: it was a

@@ -32,6 +32,9 @@ const (
 	ReasonShuttingDown   = "SHUTTING_DOWN"
 	ReasonCancelled      = "CANCELLED"
 	ReasonInternal       = "INTERNAL"
+	// ReasonDiverged: this member skipped a committed log entry it could
+	// not decode (ErrUndecodableEntry) and no longer serves.
+	ReasonDiverged = "DIVERGED"
 )
 
 // apiError is an answer of the API: a gRPC code, a reason and a message.
@@ -159,6 +162,9 @@ func (s *Server) writable() error {
 	}
 	if s.removed.Load() {
 		return s.removedErr()
+	}
+	if i := s.diverged.Load(); i != 0 {
+		return s.divergedErr(i)
 	}
 	if !s.ready.Load() {
 		// The hint names the leader, or this node itself when it is the

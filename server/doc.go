@@ -351,6 +351,12 @@
 // entry per command (Raft still writes the round with one fsync). Upgrade
 // every member first, then turn BatchInCluster on; and a member that
 // joins a single node whose log holds batch entries must run this version.
+// From this version on, a member that meets a committed entry it cannot
+// decode (a newer format, or corruption) does not skip it: it fails closed
+// (Server.undecodable): it stops serving, answers UNAVAILABLE (DIVERGED),
+// never takes up leadership, and reports ErrUndecodableEntry on Failed,
+// on which dlockd exits. Older members cannot be taught this, hence the
+// gate above.
 //
 // # API, limits and errors
 //

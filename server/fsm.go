@@ -5,6 +5,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/btree"
@@ -655,6 +656,11 @@ type observer interface {
 	// restored from a snapshot. state holds one evGranted per held key and
 	// one evDelayed per key in a lock-delay.
 	lockReset(state []event)
+	// undecodable is told of a committed command entry the FSM could not
+	// decode (skipped, so this member's table no longer matches the log's:
+	// an entry written by a newer dlockd, or corruption), once per entry,
+	// outside the FSM's lock.
+	undecodable(index uint64, err error)
 }
 
 // fsm is the lock table, the replicated state machine. Apply reads no clock,
@@ -672,6 +678,9 @@ type fsm struct {
 	// max(index, lastFence+1) (shared.go's nextFence), so that several
 	// grants made by one entry get distinct, increasing fences.
 	lastFence uint64
+	// beforeBatches (tests only) makes this FSM read the log as a dlockd
+	// from before batched entries did: a batch entry does not decode.
+	beforeBatches atomic.Bool
 	// nshared counts the Shared grants (lost ones in their lock-delay
 	// included), sharedKeys the entries that have some: the server's
 	// lease count is len(locks) - sharedKeys + nshared.
@@ -772,12 +781,18 @@ func (f *fsm) Apply(l *raft.Log) interface{} {
 func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 	out := make([]interface{}, len(logs))
 	var evs []event
+	var bad []badEntry
 	f.mu.Lock()
 	for i, l := range logs {
 		if l.Index > f.applied {
 			f.applied = l.Index
 		}
 		if l.Type != raft.LogCommand {
+			continue
+		}
+		if isBatch(l.Data) && f.beforeBatches.Load() {
+			out[i] = applyResult{code: resBadCommand}
+			bad = append(bad, badEntry{l.Index, errCorrupt})
 			continue
 		}
 		if isBatch(l.Data) {
@@ -787,6 +802,7 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 			cs, err := decodeBatch(l.Data)
 			if err != nil {
 				out[i] = applyResult{code: resBadCommand}
+				bad = append(bad, badEntry{l.Index, err})
 				continue
 			}
 			rs := make(batchResult, len(cs))
@@ -799,6 +815,7 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 		c, err := decodeCommand(l.Data)
 		if err != nil {
 			out[i] = applyResult{code: resBadCommand}
+			bad = append(bad, badEntry{l.Index, err})
 			continue
 		}
 		var r applyResult
@@ -809,11 +826,22 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 	if len(evs) > 0 && f.obs != nil {
 		f.obs.lockEvents(evs)
 	}
+	if f.obs != nil {
+		for _, b := range bad {
+			f.obs.undecodable(b.index, b.err)
+		}
+	}
 	f.appliedMu.Lock()
 	close(f.appliedWake)
 	f.appliedWake = make(chan struct{})
 	f.appliedMu.Unlock()
 	return out
+}
+
+// badEntry is a committed command entry that did not decode.
+type badEntry struct {
+	index uint64
+	err   error
 }
 
 // appliedIndex returns the last applied index and a channel closed at the

@@ -17,6 +17,7 @@ type recorder struct{ evs []event }
 
 func (r *recorder) lockEvents(evs []event)    { r.evs = append(r.evs, evs...) }
 func (r *recorder) lockReset(holders []event) {}
+func (r *recorder) undecodable(uint64, error) {}
 
 // fsmHarness applies commands at increasing log indexes.
 type fsmHarness struct {

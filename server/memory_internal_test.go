@@ -16,8 +16,9 @@ import (
 // (Server.lockEvents, Server.lockReset).
 type clockObserver struct{ c *leaseClock }
 
-func (o clockObserver) lockEvents(evs []event)  { o.c.apply(evs) }
-func (o clockObserver) lockReset(state []event) { o.c.reset(state) }
+func (o clockObserver) lockEvents(evs []event)    { o.c.apply(evs) }
+func (o clockObserver) lockReset(state []event)   { o.c.reset(state) }
+func (o clockObserver) undecodable(uint64, error) {}
 
 // liveHeap returns the bytes of live heap after two full collections.
 func liveHeap() uint64 {

@@ -83,6 +83,7 @@ type Server struct {
 	hasState    atomic.Bool   // Raft state exists (restart, bootstrapped or joined): told to probing members
 	failed      chan error    // receives the error that keeps this node out of the cluster (see Failed)
 	removed     atomic.Bool   // removed from the cluster (leaveCluster): calls are answered NOT_MEMBER
+	diverged    atomic.Uint64 // index of the first committed entry the FSM could not decode (0: none); see undecodable
 
 	ready atomic.Bool // leader, caught up, countdowns restarted: serving writes
 	// transferring counts leadership transfers this node started that may
@@ -572,6 +573,9 @@ var becomeLeaderHook func() error
 // gives the queue entries of clients that are not connected to this node
 // their grace, and opens for writes.
 func (s *Server) becomeLeader() error {
+	if i := s.diverged.Load(); i != 0 {
+		return fmt.Errorf("dlockd: not taking up leadership: log entry %d did not decode here: %w", i, ErrUndecodableEntry)
+	}
 	if h := becomeLeaderHook; h != nil {
 		if err := h(); err != nil {
 			return err
@@ -741,6 +745,24 @@ func (s *Server) keysChanged(evs []event) {
 	if len(keys) > 0 {
 		s.sessions.changed(keys, false)
 	}
+}
+
+// undecodable is the FSM observer of a committed command entry it could
+// not decode and skipped (an entry written by a newer dlockd, say with
+// batched entries turned on in a cluster that still has an older member;
+// or corruption). This node's table then lacks a command every other
+// member applied, so it must not serve from it: it stops being ready,
+// never takes up leadership again, answers every call UNAVAILABLE
+// (DIVERGED), and reports ErrUndecodableEntry on Failed (dlockd exits on
+// it). Fail closed: a member that skipped a grant or a release could
+// otherwise grant a key twice after a failover.
+func (s *Server) undecodable(index uint64, err error) {
+	if !s.diverged.CompareAndSwap(0, index) {
+		s.log.Error("dlockd: another committed log entry does not decode", "index", index, "err", err)
+		return
+	}
+	s.ready.Store(false)
+	s.fail(fmt.Errorf("%w: log entry %d: %v", ErrUndecodableEntry, index, err))
 }
 
 // lockReset is the FSM observer of a restore.
