@@ -53,6 +53,26 @@ func TestGrant_LossPushedBeforeRegistration(t *testing.T) {
 		t.Fatal("a loss pushed after registration did not close the Lost channel")
 	}
 
+	// An older grant of the owner token still registered (a handed grant
+	// whose claim failed) does not hide the next grant's early loss.
+	req2 := driver.AcquireRequest{Key: "k2", Owner: "owner-2", TTL: time.Second}
+	old := d.grant(req2, 7)
+	d.markLost(req2.Key, req2.Owner, 11, "FORCE_RELEASED")
+	g = d.grant(req2, 11)
+	select {
+	case <-g.Lost:
+	default:
+		t.Fatal("an early loss with an older grant still registered was not kept")
+	}
+	select {
+	case <-old.Lost:
+	default:
+		t.Fatal("the older registration was left open beside the newer lost grant")
+	}
+	if r := d.lossReason(req2.Key, req2.Owner); r != "an operator force-released it" {
+		t.Fatalf("loss reason %q, want the server's FORCE_RELEASED", r)
+	}
+
 	// Early news is bounded.
 	for i := range 3 * maxLossReasons {
 		d.markLost("other", "owner-"+string(rune('a'+i%26))+time.Duration(i).String(), uint64(i+1), "EXPIRED")

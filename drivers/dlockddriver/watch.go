@@ -47,6 +47,15 @@ func (d *Driver) grant(req driver.AcquireRequest, fence uint64) driver.Grant {
 	if !lostFirst {
 		delete(d.reasons, k) // of an earlier grant of the same owner token
 	}
+	if lostFirst {
+		// A registration left by an older grant of the owner token ended
+		// with it: close it now, so that a later fence check does not
+		// close it as unseen and overwrite this grant's reason.
+		if e, ok := d.lost[k]; ok && e.fence < fence {
+			close(e.ch)
+			delete(d.lost, k)
+		}
+	}
 	if !d.noWatch && d.watchCtx.Err() == nil && !d.closed {
 		ch := make(chan struct{})
 		if lostFirst {
@@ -82,10 +91,11 @@ func (d *Driver) markLost(key, owner string, fence uint64, reason string) {
 		close(e.ch)
 		delete(d.lost, k)
 	}
-	if !ok && fence != 0 && reason != reasonUnseen {
-		// No grant registered for it: an older grant's news, or this
-		// grant's, come before its acquisition's answer was registered.
-		// grant tells them apart by the fence.
+	if !closed && fence != 0 && reason != reasonUnseen {
+		// No grant registered for it (or an older one of the same owner
+		// token still is: a handed grant whose claim failed): an older
+		// grant's news, or this grant's, come before its acquisition's
+		// answer was registered. grant tells them apart by the fence.
 		d.rememberEarlyLocked(k, fence)
 	}
 	if reason == "" || (reason == reasonUnseen && !closed) {

@@ -723,7 +723,20 @@ func (d *Driver) granted(req driver.AcquireRequest, q queued) (driver.Grant, err
 		return driver.Grant{}, storeErr("acquire", driver.ErrClosed)
 	}
 	if old, ok := d.grants[k]; ok && old.fence == q.rev {
-		q.sl.unuseLocked() // the grant counts once
+		if err := d.reuseExpiringLocked(k, old, q.sl, q.rev); err != nil {
+			d.mu.Unlock()
+			return driver.Grant{}, storeErr("acquire", err)
+		}
+		if old.sl != q.sl { // a repeat with another TTL put the entry on q.sl
+			if old.sl.grants[k] == old {
+				delete(old.sl.grants, k)
+				old.sl.unuseLocked()
+			}
+			old.sl = q.sl
+			q.sl.grants[k] = old
+		} else {
+			q.sl.unuseLocked() // the grant counts once
+		}
 		d.mu.Unlock()
 		return driver.Grant{Fence: uint64(q.rev), Lost: old.lost}, nil
 	}
@@ -934,6 +947,24 @@ func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration
 		g.deadline = end
 	}
 	return nil
+}
+
+// reuseExpiringLocked is the check of a repeated acquire or a Resume that
+// finds its grant old still tracked, its entry now on sl (of which the
+// caller is counted a user): when the lease's loop is deleting old's
+// entry (old.expiring), the grant ended at its deadline, so it returns
+// errExpiring, counts the caller off sl and, when the entry was moved to
+// sl (where the loop's delete, conditioned on the old lease, fails),
+// leaves it to sl's loop as an orphan. Call with d.mu held.
+func (d *Driver) reuseExpiringLocked(k string, old *grant, sl *sharedLease, rev int64) error {
+	if !old.expiring {
+		return nil
+	}
+	if old.sl != sl && !sl.gone {
+		sl.orphans[k] = rev
+	}
+	sl.unuseLocked()
+	return errExpiring
 }
 
 // errExpiring is Renew's answer for a grant whose deadline passed and whose

@@ -338,3 +338,77 @@ func TestSharedLease_RenewRacingExpiryIsLost(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestSharedLease_ResumeRacingExpiryIsLost: a Resume by the same driver,
+// with another TTL, of a grant that the shared lease's loop is deleting
+// moves the entry to another lease, where the loop's delete (conditioned
+// on the old lease) cannot reach it. It must not answer success, and the
+// moved entry must still end: before, Resume answered nil, the grant was
+// then reported lost, and its entry stayed on etcd for good, kept alive by
+// the other grants of the new lease, so nobody could take the key.
+func TestSharedLease_ResumeRacingExpiryIsLost(t *testing.T) {
+	e := testservers.StartEtcd(t)
+	cli := rawClient(t, e)
+	d := openDriver(t, e.URL())
+	ctx := t.Context()
+	r := req("resume-race", 2*time.Second)
+	// Another grant keeps the 1 s lease alive while the test runs.
+	keep := req("resume-race-keep", time.Second)
+	if _, err := d.TryAcquire(ctx, keep); err != nil {
+		t.Fatal(err)
+	}
+	stopKeep := make(chan struct{})
+	keepDone := make(chan struct{})
+	go func() {
+		defer close(keepDone)
+		for {
+			select {
+			case <-stopKeep:
+				return
+			case <-time.After(200 * time.Millisecond):
+				_ = d.Renew(ctx, keep.Key, keep.Owner, keep.TTL)
+			}
+		}
+	}()
+	defer func() { close(stopKeep); <-keepDone }()
+
+	g, err := d.TryAcquire(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resumed := make(chan error, 1)
+	var once sync.Once
+	restore := etcddriver.SetTestHookExpiring(func() {
+		once.Do(func() {
+			moved := r
+			moved.TTL = time.Second
+			_, err := d.Resume(ctx, moved, g.Fence)
+			resumed <- err
+		})
+	})
+	defer restore()
+
+	var rerr error
+	select {
+	case rerr = <-resumed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the lease's loop did not expire the unrenewed grant within 10 s (TTL 2 s)")
+	}
+	if !errors.Is(rerr, driver.ErrLeaseLost) {
+		t.Fatalf("Resume racing the loop's delete = %v, want ErrLeaseLost", rerr)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, _, ok := entryKV(t, cli, r); !ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the entry moved by the racing Resume is still on etcd 10 s later (its new lease is kept alive): the key is held by nobody for good")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	r2 := req("resume-race", time.Second)
+	if _, err := d.TryAcquire(ctx, r2); err != nil {
+		t.Fatalf("TryAcquire after the expiry: %v", err)
+	}
+}

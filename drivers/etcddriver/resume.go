@@ -137,6 +137,9 @@ func (d *Driver) track(k string, sl *sharedLease, rev int64, holder string) (dri
 		return driver.Grant{}, storeErr("resume", driver.ErrClosed)
 	}
 	if old, ok := d.grants[k]; ok && old.fence == rev {
+		if err := d.reuseExpiringLocked(k, old, sl, rev); err != nil {
+			return driver.Grant{}, storeErr("resume", err)
+		}
 		if old.sl != sl { // the entry moved to sl
 			if old.sl.grants[k] == old {
 				delete(old.sl.grants, k)
