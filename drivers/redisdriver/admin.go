@@ -13,7 +13,7 @@ var _ driver.ForceReleaser = (*Driver)(nil)
 // ForceRelease removes key's current grant whoever holds it (dlock release
 // --force) and returns what it removed. It reads the grant, then deletes it
 // only if the same grant (by fence) is still there, so a grant made in
-// between is never removed. The fence counter is untouched, so the next
+// between is never removed. The fence counter only grows, so the next
 // grant's fence is still greater. It returns an error matching
 // driver.ErrNotAcquired when key is free or its grant changed meanwhile, or
 // the store's error wrapped. reason is not stored: Redis keeps no audit log

@@ -176,6 +176,17 @@ func (h *hub) subscribeFor(ctx context.Context, channel, owner string) (<-chan s
 	return s.c, sync.OnceFunc(func() { h.unsubscribe(channel, s) }), nil
 }
 
+// confirmation returns a channel closed once Redis has confirmed the
+// subscription of channel, or nil when the hub has no subscription of it.
+func (h *hub) confirmation(channel string) <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if st := h.chans[channel]; st != nil {
+		return st.confirmed
+	}
+	return nil
+}
+
 // open starts c, a pub/sub connection subscribed to channel, and its
 // dispatcher.
 func (h *hub) open(ctx context.Context, c *psConn, channel string) (err error) {
@@ -203,9 +214,22 @@ func (h *hub) dispatch(c *psConn, msgs <-chan any) {
 				continue
 			}
 			h.mu.Lock()
-			if st := h.chans[m.Channel]; st != nil && st.conn == c && !st.isConfirm {
-				st.isConfirm = true
-				close(st.confirmed)
+			if st := h.chans[m.Channel]; st != nil && st.conn == c {
+				if !st.isConfirm {
+					st.isConfirm = true
+					close(st.confirmed)
+				} else {
+					// go-redis resubscribed after a reconnection: what
+					// was published meanwhile reached no one, so every
+					// subscriber is woken to look (a recheck renews, a
+					// waiter polls).
+					for s := range st.subs {
+						select {
+						case s.c <- struct{}{}:
+						default:
+						}
+					}
+				}
 			}
 			h.mu.Unlock()
 		case *redis.Message:

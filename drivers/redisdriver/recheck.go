@@ -125,7 +125,15 @@ func (d *Driver) startWatch(w *grantWatch) {
 		}
 		defer stop()
 		// A force release before the subscription was confirmed published
-		// to no one: one renewal now finds it.
+		// to no one: one renewal, once it is confirmed (subscribe stops
+		// waiting for that after hintConfirmWait), finds it.
+		if c := d.hub.confirmation(channel); c != nil {
+			select {
+			case <-c:
+			case <-ctx.Done():
+				return
+			}
+		}
 		select {
 		case w.recheck <- struct{}{}:
 		default:

@@ -269,3 +269,59 @@ func TestWait_HandOffHintsReaders(t *testing.T) {
 		t.Fatal("the reader got no hint within 1s of a hand-off")
 	}
 }
+
+// TestHub_ResubscribeWakesSubscribers: when the pub/sub connection drops,
+// go-redis reconnects and subscribes again, but what was published in the
+// gap reached no one (a force release's hint to its holder, a hand-off to a
+// waiter). The hub wakes every subscriber of a channel when Redis confirms
+// it again, so rechecks renew and waiters poll at once instead of at their
+// next renewal or poll.
+func TestHub_ResubscribeWakesSubscribers(t *testing.T) {
+	r := testservers.StartRedis(t)
+	d := openDriver(t, r.URL())
+	c := newClient(t, r)
+	ctx := t.Context()
+	const key = "hub/resubscribe"
+	_, _, channel := d.keys(key)
+	ch, stop, err := d.hub.subscribe(ctx, channel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	select {
+	case <-ch:
+		t.Fatal("woken before anything happened")
+	case <-time.After(100 * time.Millisecond):
+	}
+	if err := c.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatal("not woken within 10 s of the pub/sub connection's resubscription")
+	}
+	// Subscribed again: a publish still arrives.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		m, err := c.PubSubNumSub(ctx, channel).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m[channel] == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("channel %q has %d subscribers 5 s after the reconnection, want 1", channel, m[channel])
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := c.Publish(ctx, channel, "released").Err(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ch:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a hint published after the resubscription did not arrive")
+	}
+}
