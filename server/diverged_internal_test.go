@@ -83,3 +83,35 @@ func TestCluster_MemberThatCannotDecodeAnEntryStopsServing(t *testing.T) {
 		t.Fatalf("acquire on the leader after a member diverged: %v", err)
 	}
 }
+
+// TestServer_DivergedLeaderNeverBecomesReady: a node whose FSM skips an
+// entry while it takes up leadership (the barrier applies what it had not
+// applied yet) does not end up ready: becomeLeader checks again after the
+// barrier and the no-op, so the node does not expire, purge or serve from
+// its table.
+func TestServer_DivergedLeaderNeverBecomesReady(t *testing.T) {
+	s := startTestServer(t, testConfig(t))
+	old := becomeLeaderHook
+	// The hook runs after becomeLeader's first check: an entry that fails
+	// to decode now is one the barrier applies.
+	becomeLeaderHook = func() error { s.undecodable(7, errCorrupt); return nil }
+	defer func() { becomeLeaderHook = old }()
+	if err := s.becomeLeader(); !errors.Is(err, ErrUndecodableEntry) {
+		t.Fatalf("becomeLeader with an entry that did not decode during it = %v, want ErrUndecodableEntry", err)
+	}
+	if s.Ready() {
+		t.Fatal("the diverged leader is ready")
+	}
+	select {
+	case err := <-s.Failed():
+		if !errors.Is(err, ErrUndecodableEntry) {
+			t.Fatalf("Failed = %v, want ErrUndecodableEntry", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Failed did not report the divergence")
+	}
+	_, err := s.acquire(t.Context(), acquireIn{key: "k", owner: "owner-probe-00000000", ttl: time.Minute}, nil, nil)
+	if r, _ := statusReason(err); r != ReasonDiverged {
+		t.Fatalf("acquire on the diverged leader = %v, want reason %s", err, ReasonDiverged)
+	}
+}

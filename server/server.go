@@ -573,8 +573,8 @@ var becomeLeaderHook func() error
 // gives the queue entries of clients that are not connected to this node
 // their grace, and opens for writes.
 func (s *Server) becomeLeader() error {
-	if i := s.diverged.Load(); i != 0 {
-		return fmt.Errorf("dlockd: not taking up leadership: log entry %d did not decode here: %w", i, ErrUndecodableEntry)
+	if err := s.divergedLeader(); err != nil {
+		return err
 	}
 	if h := becomeLeaderHook; h != nil {
 		if err := h(); err != nil {
@@ -588,6 +588,11 @@ func (s *Server) becomeLeader() error {
 	// the FSM; a no-op command does, so that the FSM's applied index is the
 	// commit index again and reads need not wait (see readBarrier).
 	if _, err := s.propose(&command{op: opNoop}); err != nil {
+		return err
+	}
+	// The barrier and the no-op applied what this node had not applied
+	// yet: an entry among them may not have decoded.
+	if err := s.divergedLeader(); err != nil {
 		return err
 	}
 	s.clock.restartAll()
@@ -747,6 +752,21 @@ func (s *Server) keysChanged(evs []event) {
 	}
 }
 
+// divergedLeader returns ErrUndecodableEntry (wrapped) when this node's FSM
+// skipped a committed entry (see undecodable), after asking Raft to hand
+// its leadership to another member (a no-op when this node is not the
+// leader), so that becomeLeader never makes a diverged node ready.
+func (s *Server) divergedLeader() error {
+	i := s.diverged.Load()
+	if i == 0 {
+		return nil
+	}
+	if s.raftUp.Load() && s.raft.State() == raft.Leader {
+		s.raft.LeadershipTransfer() // non-blocking; the result is not needed
+	}
+	return fmt.Errorf("dlockd: not taking up leadership: log entry %d did not decode here: %w", i, ErrUndecodableEntry)
+}
+
 // undecodable is the FSM observer of a committed command entry it could
 // not decode and skipped (an entry written by a newer dlockd, say with
 // batched entries turned on in a cluster that still has an older member;
@@ -762,6 +782,10 @@ func (s *Server) undecodable(index uint64, err error) {
 		return
 	}
 	s.ready.Store(false)
+	if s.raftUp.Load() && s.raft.State() == raft.Leader {
+		// Another member may lead: it decoded what this node could not.
+		s.raft.LeadershipTransfer() // non-blocking
+	}
 	s.fail(fmt.Errorf("%w: log entry %d: %v", ErrUndecodableEntry, index, err))
 }
 

@@ -737,6 +737,12 @@ func (d *Driver) granted(req driver.AcquireRequest, q queued) (driver.Grant, err
 		} else {
 			q.sl.unuseLocked() // the grant counts once
 		}
+		// The repeat confirmed the entry now: it ends a TTL of its lease
+		// from now, as after a renewal (not at the deadline of the lease
+		// it was on, which a shorter TTL may have passed).
+		if end := time.Now().Add(q.sl.ttl); end.After(old.deadline) {
+			old.deadline = end
+		}
 		d.mu.Unlock()
 		return driver.Grant{Fence: uint64(q.rev), Lost: old.lost}, nil
 	}

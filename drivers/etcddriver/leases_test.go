@@ -412,3 +412,39 @@ func TestSharedLease_ResumeRacingExpiryIsLost(t *testing.T) {
 		t.Fatalf("TryAcquire after the expiry: %v", err)
 	}
 }
+
+// TestSharedLease_RepeatWithLongerTTLKeepsTheGrant: a repeated acquire by
+// the same owner with a longer TTL moves the entry to that TTL's lease and
+// confirms it for a TTL from then. Before, the grant kept the deadline of
+// its first, shorter TTL, and the new lease's loop deleted the entry at its
+// first tick: a false loss before the holder's first renewal was due.
+func TestSharedLease_RepeatWithLongerTTLKeepsTheGrant(t *testing.T) {
+	e := testservers.StartEtcd(t)
+	cli := rawClient(t, e)
+	d := openDriver(t, e.URL())
+	ctx := t.Context()
+	r := req("repeat-longer", time.Second)
+	g, err := d.TryAcquire(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	longer := r
+	longer.TTL = 4 * time.Second
+	g2, err := d.TryAcquire(ctx, longer)
+	if err != nil || g2.Fence != g.Fence {
+		t.Fatalf("repeat with a longer TTL = %+v, %v; want the same grant (fence %d)", g2, err, g.Fence)
+	}
+	// Past the first TTL's deadline and a few ticks of the longer lease's
+	// loop (every 4/3 s), with no renewal: still held.
+	select {
+	case <-g2.Lost:
+		t.Fatal("the grant repeated with a 4 s TTL was lost within 3 s, unrenewed")
+	case <-time.After(3 * time.Second):
+	}
+	if _, _, ok := entryKV(t, cli, r); !ok {
+		t.Fatal("the entry of the grant repeated with a 4 s TTL is gone after 3 s")
+	}
+	if err := d.Release(ctx, r.Key, r.Owner); err != nil {
+		t.Fatal(err)
+	}
+}
