@@ -345,13 +345,11 @@ type Driver struct {
 	pageSize  uint32
 	noWatch   bool
 
-	mu          sync.Mutex
-	closed      bool
-	lost        map[grantKey]lostEntry // Lost channels of live grants
-	reasons     map[grantKey]string    // the server's reasons of recent losses
-	reasonOrder []grantKey             // reasons' keys, oldest first
-	early       map[grantKey]uint64    // fences of losses pushed before their grant was registered (see grant)
-	earlyOrder  []grantKey             // early's keys, oldest first
+	mu      sync.Mutex
+	closed  bool
+	lost    map[grantKey]lostEntry // Lost channels of live grants
+	reasons recent[string]         // the server's reasons of recent losses
+	early   recent[uint64]         // fences of losses pushed before their grant was registered (see grant)
 	// rechecking: a fence check of the live grants runs; recheckAgain: a
 	// Watch stream opened during it, so one more follows (startRecheck).
 	rechecking, recheckAgain bool
@@ -530,8 +528,8 @@ func newDriver(cl *cluster, opts *Options) *Driver {
 		noSession:   opts.NoSession,
 		lost:        make(map[grantKey]lostEntry),
 		waitStarted: make(chan struct{}, 1),
-		reasons:     make(map[grantKey]string),
-		early:       make(map[grantKey]uint64),
+		reasons:     newRecent[string](),
+		early:       newRecent[uint64](),
 	}
 	if opts.ListPageSize > 0 && int64(opts.ListPageSize) <= math.MaxUint32 {
 		d.pageSize = uint32(opts.ListPageSize)

@@ -18,17 +18,15 @@ import (
 func TestGrant_LossPushedBeforeRegistration(t *testing.T) {
 	d := &Driver{
 		lost:     make(map[grantKey]lostEntry),
-		reasons:  make(map[grantKey]string),
-		early:    make(map[grantKey]uint64),
+		reasons:  newRecent[string](),
+		early:    newRecent[uint64](),
 		watchCtx: context.Background(),
 	}
 	req := driver.AcquireRequest{Key: "k", Owner: "owner-1", TTL: time.Second}
 
 	d.markLost(req.Key, req.Owner, 7, "FORCE_RELEASED")
 	g := d.grant(req, 7)
-	select {
-	case <-g.Lost:
-	default:
+	if !isClosed(g.Lost) {
 		t.Fatal("a grant whose LOST came before its registration has an open Lost channel")
 	}
 	if r := d.lossReason(req.Key, req.Owner); r != "an operator force-released it" {
@@ -37,19 +35,15 @@ func TestGrant_LossPushedBeforeRegistration(t *testing.T) {
 
 	// An older grant's news (fence 7) does not end the next grant (fence 9).
 	g = d.grant(req, 9)
-	select {
-	case <-g.Lost:
+	if isClosed(g.Lost) {
 		t.Fatal("an older grant's early loss closed a newer grant's Lost channel")
-	default:
 	}
 	if r := d.lossReason(req.Key, req.Owner); r != "" {
 		t.Fatalf("loss reason of the new grant %q, want none", r)
 	}
 	// Its own loss, pushed after registration, still closes it.
 	d.markLost(req.Key, req.Owner, 9, "EXPIRED")
-	select {
-	case <-g.Lost:
-	default:
+	if !isClosed(g.Lost) {
 		t.Fatal("a loss pushed after registration did not close the Lost channel")
 	}
 
@@ -59,14 +53,10 @@ func TestGrant_LossPushedBeforeRegistration(t *testing.T) {
 	old := d.grant(req2, 7)
 	d.markLost(req2.Key, req2.Owner, 11, "FORCE_RELEASED")
 	g = d.grant(req2, 11)
-	select {
-	case <-g.Lost:
-	default:
+	if !isClosed(g.Lost) {
 		t.Fatal("an early loss with an older grant still registered was not kept")
 	}
-	select {
-	case <-old.Lost:
-	default:
+	if !isClosed(old.Lost) {
 		t.Fatal("the older registration was left open beside the newer lost grant")
 	}
 	if r := d.lossReason(req2.Key, req2.Owner); r != "an operator force-released it" {
@@ -77,7 +67,17 @@ func TestGrant_LossPushedBeforeRegistration(t *testing.T) {
 	for i := range 3 * maxLossReasons {
 		d.markLost("other", "owner-"+string(rune('a'+i%26))+time.Duration(i).String(), uint64(i+1), "EXPIRED")
 	}
-	if len(d.early) > maxLossReasons || len(d.earlyOrder) > maxLossReasons {
-		t.Fatalf("%d early losses kept (%d in order), want at most %d", len(d.early), len(d.earlyOrder), maxLossReasons)
+	if len(d.early.m) > maxLossReasons || len(d.early.order) > maxLossReasons {
+		t.Fatalf("%d early losses kept (%d in order), want at most %d", len(d.early.m), len(d.early.order), maxLossReasons)
+	}
+}
+
+// isClosed reports whether ch is closed (or holds a value) now.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }

@@ -42,12 +42,11 @@ func (d *Driver) grant(req driver.AcquireRequest, fence uint64) driver.Grant {
 	defer d.mu.Unlock()
 	// An older grant's early news has another fence (fences only grow),
 	// and is left to age out of early.
-	f, seen := d.early[k]
+	f, seen := d.early.get(k)
 	lostFirst := seen && f == fence
 	if !lostFirst {
-		delete(d.reasons, k) // of an earlier grant of the same owner token
-	}
-	if lostFirst {
+		d.reasons.remove(k) // of an earlier grant of the same owner token
+	} else {
 		// A registration left by an older grant of the owner token ended
 		// with it: close it now, so that a later fence check does not
 		// close it as unseen and overwrite this grant's reason.
@@ -96,42 +95,49 @@ func (d *Driver) markLost(key, owner string, fence uint64, reason string) {
 		// token still is: a handed grant whose claim failed): an older
 		// grant's news, or this grant's, come before its acquisition's
 		// answer was registered. grant tells them apart by the fence.
-		d.rememberEarlyLocked(k, fence)
+		d.early.put(k, fence)
 	}
 	if reason == "" || (reason == reasonUnseen && !closed) {
 		// A fence check that closed nothing (the loss was pushed
 		// meanwhile) keeps the server's own reason.
 		return
 	}
-	if _, seen := d.reasons[k]; !seen {
-		if len(d.reasonOrder) >= maxLossReasons {
-			delete(d.reasons, d.reasonOrder[0])
-			d.reasonOrder = d.reasonOrder[1:]
-		}
-		d.reasonOrder = append(d.reasonOrder, k)
-	}
-	d.reasons[k] = reason
+	d.reasons.put(k, reason)
 }
 
-// rememberEarlyLocked keeps the fence of a loss pushed for a grant not
-// registered (yet), at most maxLossReasons of them, oldest dropped first.
-// Call with d.mu held.
-func (d *Driver) rememberEarlyLocked(k grantKey, fence uint64) {
-	if _, seen := d.early[k]; !seen {
-		for len(d.earlyOrder) >= maxLossReasons {
-			delete(d.early, d.earlyOrder[0])
-			d.earlyOrder = d.earlyOrder[1:]
-		}
-		d.earlyOrder = append(d.earlyOrder, k)
-	}
-	d.early[k] = fence
+// recent maps grants to what the Watch stream said of their losses,
+// keeping at most maxLossReasons of them, the oldest forgotten first. It
+// is guarded by the Driver's mu.
+type recent[V any] struct {
+	m     map[grantKey]V
+	order []grantKey // m's keys, oldest first (a removed key's slot ages out)
 }
+
+func newRecent[V any]() recent[V] { return recent[V]{m: make(map[grantKey]V)} }
+
+func (r *recent[V]) get(k grantKey) (V, bool) {
+	v, ok := r.m[k]
+	return v, ok
+}
+
+func (r *recent[V]) put(k grantKey, v V) {
+	if _, seen := r.m[k]; !seen {
+		for len(r.order) >= maxLossReasons {
+			delete(r.m, r.order[0])
+			r.order = r.order[1:]
+		}
+		r.order = append(r.order, k)
+	}
+	r.m[k] = v
+}
+
+func (r *recent[V]) remove(k grantKey) { delete(r.m, k) }
 
 // lossReason describes why the server ended owner's grant on key, from the
 // Watch stream's news, or returns "" when there was none.
 func (d *Driver) lossReason(key, owner string) string {
 	d.mu.Lock()
-	r := d.reasons[grantKey{key, owner}]
+	r, _ := d.reasons.get(grantKey{key, owner})
 	d.mu.Unlock()
 	switch r {
 	case "":
