@@ -272,6 +272,16 @@ func TestSharedLease_FailedReleaseStillEnds(t *testing.T) {
 	t.Fatal("the entry whose Release failed is still on the store 4 s later (lease TTL 1 s): the shared lease's keepalive keeps it held")
 }
 
+// onExpiring runs f once in a shared lease's loop, after the loop marked
+// expired grants and before it deletes their entries, and sends f's error
+// on the channel it returns. The hook is removed when the test ends.
+func onExpiring(t *testing.T, f func() error) <-chan error {
+	got := make(chan error, 1)
+	var once sync.Once
+	t.Cleanup(etcddriver.SetTestHookExpiring(func() { once.Do(func() { got <- f() }) }))
+	return got
+}
+
 // TestSharedLease_RenewRacingExpiryIsLost: a renewal in flight while the
 // shared lease's loop deletes the entry of a grant past its deadline never
 // reports success. Before, the renewal could read the entry just before the
@@ -286,20 +296,14 @@ func TestSharedLease_RenewRacingExpiryIsLost(t *testing.T) {
 	ctx := t.Context()
 	r := req("expiry-race", time.Second)
 
-	renewed := make(chan error, 1)
-	var once sync.Once
-	restore := etcddriver.SetTestHookExpiring(func() {
-		once.Do(func() {
-			// The entry is still on the store here: the loop has not
-			// deleted it yet.
-			if _, _, ok := entryKV(t, cli, r); !ok {
-				renewed <- errors.New("the entry was gone before the loop deleted it")
-				return
-			}
-			renewed <- d.Renew(ctx, r.Key, r.Owner, r.TTL)
-		})
+	renewed := onExpiring(t, func() error {
+		// The entry is still on the store here: the loop has not
+		// deleted it yet.
+		if _, _, ok := entryKV(t, cli, r); !ok {
+			return errors.New("the entry was gone before the loop deleted it")
+		}
+		return d.Renew(ctx, r.Key, r.Owner, r.TTL)
 	})
-	defer restore()
 
 	g, err := d.TryAcquire(ctx, r)
 	if err != nil {
@@ -376,17 +380,12 @@ func TestSharedLease_ResumeRacingExpiryIsLost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resumed := make(chan error, 1)
-	var once sync.Once
-	restore := etcddriver.SetTestHookExpiring(func() {
-		once.Do(func() {
-			moved := r
-			moved.TTL = time.Second
-			_, err := d.Resume(ctx, moved, g.Fence)
-			resumed <- err
-		})
+	resumed := onExpiring(t, func() error {
+		moved := r
+		moved.TTL = time.Second
+		_, err := d.Resume(ctx, moved, g.Fence)
+		return err
 	})
-	defer restore()
 
 	var rerr error
 	select {
