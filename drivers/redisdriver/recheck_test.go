@@ -36,6 +36,26 @@ func awaitSubscribers(t *testing.T, r *testservers.Redis, d *Driver, key string,
 	}
 }
 
+// forceReleaseEnds force-releases key through admin and fails t unless
+// lease ls (TTL 30 s, so its next renewal is 10 s away) ends with
+// ErrLeaseLost within a second; it returns how long that took.
+func forceReleaseEnds(t *testing.T, admin *dlock.Locker, ls *dlock.Lease, key string) time.Duration {
+	t.Helper()
+	began := time.Now()
+	if _, err := admin.ForceRelease(t.Context(), key, "test: holder presumed dead"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ls.Context().Done():
+	case <-time.After(time.Second):
+		t.Fatalf("lease on %q still held 1s after a force release (TTL 30s): %v", key, ls.Err())
+	}
+	if !errors.Is(ls.Err(), dlock.ErrLeaseLost) {
+		t.Fatalf("lease on %q after a force release: %v, want ErrLeaseLost", key, ls.Err())
+	}
+	return time.Since(began)
+}
+
 // TestRecheck_ForceReleaseEndsLeaseAtOnce: a holder whose grant (TTL 30 s,
 // so its next renewal is 10 s away) is force-released by another client
 // learns of the loss within a second, by the release hint, not at its next
@@ -103,17 +123,8 @@ func TestRecheck_ForceReleaseEndsLeaseAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	awaitSubscribers(t, r, hd, key2, 1)
-	began := time.Now()
-	if _, err := admin.ForceRelease(ctx, key2, "test: holder presumed dead"); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-ls.Context().Done():
-	case <-time.After(time.Second):
-		t.Fatalf("lease still held 1s after a force release (TTL 30s): %v", ls.Err())
-	}
-	took := time.Since(began)
-	if !errors.Is(ls.Err(), dlock.ErrLeaseLost) || !errors.Is(context.Cause(ls.Context()), dlock.ErrLeaseLost) {
+	took := forceReleaseEnds(t, admin, ls, key2)
+	if !errors.Is(context.Cause(ls.Context()), dlock.ErrLeaseLost) {
 		t.Fatalf("lease after a force release: Err %v, cause %v; want ErrLeaseLost", ls.Err(), context.Cause(ls.Context()))
 	}
 	if err := ls.Release(ctx); !errors.Is(err, dlock.ErrLeaseLost) {
@@ -148,19 +159,8 @@ func TestRecheck_ForceReleaseBeforeSubscriptionIsFound(t *testing.T) {
 		if m, err := c.PubSubNumSub(ctx, channel).Result(); err != nil || m[channel] != 0 {
 			t.Fatalf("NUMSUB %q right after the grant = %v, %v; want 0 (the test needs a force release before the subscription)", channel, m, err)
 		}
-		began := time.Now()
-		if _, err := admin.ForceRelease(ctx, key, "test: released before the watch"); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-ls.Context().Done():
-		case <-time.After(time.Second):
-			t.Fatalf("lease still held 1s after a force release made before its subscription (TTL 30s): %v", ls.Err())
-		}
-		if !errors.Is(ls.Err(), dlock.ErrLeaseLost) {
-			t.Fatalf("lease after the force release: %v, want ErrLeaseLost", ls.Err())
-		}
-		t.Logf("force release to lease end: %v", time.Since(began).Round(time.Millisecond))
+		took := forceReleaseEnds(t, admin, ls, key)
+		t.Logf("force release to lease end: %v", took.Round(time.Millisecond))
 	}
 	waitUnwatched(t, hd)
 }

@@ -302,20 +302,7 @@ func TestHub_ResubscribeWakesSubscribers(t *testing.T) {
 		t.Fatal("not woken within 10 s of the pub/sub connection's resubscription")
 	}
 	// Subscribed again: a publish still arrives.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		m, err := c.PubSubNumSub(ctx, channel).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if m[channel] == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("channel %q has %d subscribers 5 s after the reconnection, want 1", channel, m[channel])
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	awaitSubscribers(t, r, d, key, 1)
 	if err := c.Publish(ctx, channel, "released").Err(); err != nil {
 		t.Fatal(err)
 	}
