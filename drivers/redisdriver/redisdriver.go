@@ -189,6 +189,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/drivers/internal/redislua"
 	"github.com/dlock-dev/dlock/drivers/internal/redisrefuse"
 	"github.com/dlock-dev/dlock/internal/urlparam"
 )
@@ -363,23 +364,6 @@ func OpenURL(ctx context.Context, u *url.URL) (*Driver, error) {
 	return d, nil
 }
 
-// luaNextFence defines nextFence(), which the scripts that grant a key
-// share: the next fence of KEYS[2], the shared counter of the key's slot,
-// after folding KEYS[3], the key's legacy per-key counter, into it (max)
-// and deleting it, so no fence goes back after an upgrade.
-const luaNextFence = `
-local function nextFence()
-  local old = redis.call('GET', KEYS[3])
-  if old then
-    if tonumber(old) > tonumber(redis.call('GET', KEYS[2]) or '0') then
-      redis.call('SET', KEYS[2], old)
-    end
-    redis.call('DEL', KEYS[3])
-  end
-  return redis.call('INCR', KEYS[2])
-end
-`
-
 // The scripts. KEYS[1] is the lock hash; for acquire, KEYS[2] is the shared
 // fence counter of its slot and KEYS[3] its legacy per-key counter. All the
 // keys of one call are in one Cluster slot.
@@ -387,7 +371,7 @@ var (
 	// ARGV: owner, ttl in ms, holder. Returns the fence, or 0 when held.
 	// A legacy counter is folded into the shared one (max) and deleted
 	// before the INCR, so no fence goes back after an upgrade.
-	acquireScript = redis.NewScript(luaNextFence + `
+	acquireScript = redis.NewScript(redislua.NextFence + `
 local cur = redis.call('HGET', KEYS[1], 'owner')
 if cur then
   if cur == ARGV[1] then
@@ -426,7 +410,7 @@ return 0
 	// that fence is removed whoever owns it (owner is ignored) and the key
 	// is handed on as by its owner's release. Returns 1, or 0 when not the
 	// owner (or, forced, when the grant's fence changed).
-	releaseScript = redis.NewScript(luaNextFence + `
+	releaseScript = redis.NewScript(redislua.NextFence + `
 local v = redis.call('HMGET', KEYS[1], 'owner', 'q', 'fence')
 if ARGV[4] then
   if v[3] ~= ARGV[4] then

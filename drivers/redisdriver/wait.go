@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/drivers/internal/redislua"
 )
 
 // Waiting (driver.Waiter): a queue on Redis and a hand-off on release.
@@ -80,7 +81,7 @@ var _ driver.Waiter = (*Driver)(nil)
 // the caller (or refreshing its place) when another owner holds the key; it
 // then marks the holder's hash (field q) so that its release looks at the
 // queue (a release of a grant nobody queued behind skips it).
-var waitScript = redis.NewScript(luaNextFence + `
+var waitScript = redis.NewScript(redislua.NextFence + `
 local cur = redis.call('HGET', KEYS[1], 'owner')
 if cur == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])

@@ -155,6 +155,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/drivers/internal/redislua"
 	"github.com/dlock-dev/dlock/drivers/internal/redisrefuse"
 	"github.com/dlock-dev/dlock/internal/urlparam"
 )
@@ -406,7 +407,7 @@ func (d *Driver) nodeTimeout(ttl time.Duration) time.Duration {
 // counter KEYS[2] (max) and deletes it, raises the shared counter by one
 // (INCR, 64-bit) and returns {1, new counter}, or {0, 0} when another owner
 // holds the key.
-var lockScript = redis.NewScript(`
+var lockScript = redis.NewScript(redislua.NextFence + `
 local cur = redis.call('GET', KEYS[1])
 if cur == false then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
@@ -415,14 +416,7 @@ elseif cur ~= ARGV[1] then
 else
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
-local old = redis.call('GET', KEYS[3])
-if old then
-  if tonumber(old) > tonumber(redis.call('GET', KEYS[2]) or '0') then
-    redis.call('SET', KEYS[2], old)
-  end
-  redis.call('DEL', KEYS[3])
-end
-return {1, redis.call('INCR', KEYS[2])}
+return {1, nextFence()}
 `)
 
 // foldScript folds the legacy per-key counter KEYS[1] into the shared
