@@ -152,7 +152,7 @@ return fence
 func TestFence_UpgradeFromPerKeyCounters(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		start func(testing.TB) *testservers.Redis
+		start func(testservers.TB) *testservers.Redis
 		open  func(*testservers.Redis) Client
 	}{
 		{"Node", testservers.StartRedis, func(r *testservers.Redis) Client {

@@ -11,7 +11,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"sync"
-	"testing"
 	"time"
 )
 
@@ -59,16 +58,24 @@ const proxyQueueChunks = 256
 //   - held (Hold): nothing is delivered in either direction of any
 //     connection, new or old, until Release; the held bytes are then
 //     delivered in order (a blackhole that heals, not one that drops).
+//   - dropped (Drop): every chunk read in that direction of any connection
+//     is discarded instead of delivered, until Drop(dir, false). Drop
+//     (Downstream, true) models a request that reaches the server whose
+//     reply is lost; the stream is then corrupt, so heal with Cut as well.
 //   - cut (Cut): every open connection is closed on both sides at once, as
 //     a broken network path would be.
+//   - retargeted (SetTarget): connections accepted later are forwarded to
+//     another address, existing ones keep theirs, as a failover behind a
+//     virtual IP would be.
 //
 // The zero delay forwards at once. All methods are safe for concurrent use.
 // String describes the current plan, for test logs.
 type Proxy struct {
-	target string
-	ln     net.Listener
+	ln net.Listener
 
 	mu     sync.Mutex
+	target string
+	drop   [2]bool             // [direction]: discard chunks read
 	delay  [2][2]time.Duration // [direction]{min, max}
 	held   chan struct{}       // non-nil while held; closed by Release
 	conns  map[*proxyConn]struct{}
@@ -85,6 +92,8 @@ type ProxyStats struct {
 	Conns int
 	// Chunks and Bytes count what was delivered, per Direction.
 	Chunks, Bytes [2]int64
+	// Dropped counts the bytes discarded by Drop, per Direction.
+	Dropped [2]int64
 	// Cut is the number of connections closed by Cut.
 	Cut int
 }
@@ -107,9 +116,17 @@ func New(target string, seed uint64) (*Proxy, error) {
 	return p, nil
 }
 
+// TB is the part of testing.TB that Start uses; testservers.TB and every
+// testing.TB satisfy it, so proxies can be started outside go test too.
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Cleanup(f func())
+}
+
 // Start is New for a test: it fails the test when the proxy
 // cannot start and closes the proxy when the test ends.
-func Start(t testing.TB, target string, seed uint64) *Proxy {
+func Start(t TB, target string, seed uint64) *Proxy {
 	t.Helper()
 	p, err := New(target, seed)
 	if err != nil {
@@ -122,8 +139,35 @@ func Start(t testing.TB, target string, seed uint64) *Proxy {
 // Addr returns the proxy's host:port: connect here instead of the target.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
-// Target returns the host:port the proxy forwards to.
-func (p *Proxy) Target() string { return p.target }
+// Target returns the host:port the proxy forwards new connections to.
+func (p *Proxy) Target() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.target
+}
+
+// SetTarget makes the proxy forward connections accepted from now on to
+// addr (host:port); connections already open stay with the old target
+// (Cut them to move every client).
+func (p *Proxy) SetTarget(addr string) {
+	p.mu.Lock()
+	p.target = addr
+	p.mu.Unlock()
+}
+
+// Drop, while on, discards every chunk later read in direction dir on any
+// connection, new or old, instead of delivering it (counted in
+// ProxyStats.Dropped); Drop(dir, false) delivers again. Chunks already
+// read are still delivered. The dropped bytes leave a hole in the stream,
+// so a caller healing a Drop normally Cuts the connections too.
+func (p *Proxy) Drop(dir Direction, on bool) {
+	if dir != Upstream && dir != Downstream {
+		panic(fmt.Sprintf("netproxy: proxy Drop(%v): want a direction", dir))
+	}
+	p.mu.Lock()
+	p.drop[dir] = on
+	p.mu.Unlock()
+}
 
 // SetDelay makes every chunk later read in direction dir wait a random
 // duration in [lo, hi] before it is delivered. SetDelay(dir, 0, 0)
@@ -184,14 +228,19 @@ func (p *Proxy) Stats() ProxyStats {
 	return p.stats
 }
 
-// String describes the proxy's plan: addresses, delays, held or not, open
-// connections.
+// String describes the proxy's plan: addresses, delays, held or not,
+// dropping, open connections.
 func (p *Proxy) String() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	state := "flowing"
 	if p.held != nil {
 		state = "held"
+	}
+	for _, d := range []Direction{Upstream, Downstream} {
+		if p.drop[d] {
+			state += ", dropping " + d.String()
+		}
 	}
 	return fmt.Sprintf("proxy %s -> %s: upstream delay [%v, %v], downstream delay [%v, %v], %s, %d open connections",
 		p.ln.Addr(), p.target, p.delay[Upstream][0], p.delay[Upstream][1],
@@ -228,6 +277,18 @@ func (p *Proxy) draw(dir Direction) time.Duration {
 	return lo + time.Duration(p.rng.Int64N(int64(hi-lo)+1))
 }
 
+// dropChunk reports whether a chunk of n bytes just read in direction dir
+// is to be discarded, and counts it if so.
+func (p *Proxy) dropChunk(dir Direction, n int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.drop[dir] {
+		return false
+	}
+	p.stats.Dropped[dir] += int64(n)
+	return true
+}
+
 // holdCh returns a channel to wait on while the proxy is held, or nil.
 func (p *Proxy) holdCh() chan struct{} {
 	p.mu.Lock()
@@ -249,7 +310,7 @@ func (p *Proxy) acceptLoop() {
 		if err != nil {
 			return // closed (a loopback listener has no temporary errors worth retrying)
 		}
-		up, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+		up, err := net.DialTimeout("tcp", p.Target(), 5*time.Second)
 		if err != nil {
 			_ = down.Close() // the client sees a refused target as a closed connection
 			continue
@@ -318,7 +379,7 @@ func (c *proxyConn) read(dir Direction, src net.Conn, q chan<- proxyChunk) {
 	for {
 		buf := make([]byte, proxyChunkBytes)
 		n, err := src.Read(buf)
-		if n > 0 {
+		if n > 0 && !c.p.dropChunk(dir, n) {
 			ch := proxyChunk{b: buf[:n], due: time.Now().Add(c.p.draw(dir))}
 			select {
 			case q <- ch:

@@ -24,6 +24,13 @@ func TestMain(m *testing.M) {
 // back. It is closed when the test ends.
 func echoServer(t *testing.T) string {
 	t.Helper()
+	return taggedEchoServer(t, "")
+}
+
+// taggedEchoServer is echoServer that first sends tag on each connection,
+// so that a test can tell servers apart.
+func taggedEchoServer(t *testing.T, tag string) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -45,6 +52,12 @@ func echoServer(t *testing.T) string {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				if tag != "" {
+					if _, err := io.WriteString(c, tag); err != nil {
+						_ = c.Close()
+						return
+					}
+				}
 				_, _ = io.Copy(c, c)
 				_ = c.Close()
 			}()
@@ -312,4 +325,142 @@ func TestProxy_CloseWhileHeld(t *testing.T) {
 	if err := p.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
 	}
+}
+
+// waitStats polls p.Stats until ok accepts them or 5 s pass.
+func waitStats(t *testing.T, p *Proxy, what string, ok func(ProxyStats) bool) ProxyStats {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st := p.Stats()
+		if ok(st) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stats %+v: want %s", st, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// expectSilence fails the test when anything arrives on c within d.
+func expectSilence(t *testing.T, c net.Conn, d time.Duration) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(d))
+	buf := make([]byte, 64)
+	n, err := c.Read(buf)
+	if n > 0 || !isTimeout(err) {
+		t.Fatalf("read %q, %v: want nothing (a timeout)", buf[:n], err)
+	}
+}
+
+// TestProxy_DropDownstream: the request reaches the server but its reply
+// is lost, on old and new connections alike; after Drop(off) and Cut new
+// connections work again.
+func TestProxy_DropDownstream(t *testing.T) {
+	p := Start(t, echoServer(t), 8)
+	old := dialProxy(t, p)
+	roundTrip(t, old, []byte("warm"))
+	p.Drop(Downstream, true)
+	if s := p.String(); !bytes.Contains([]byte(s), []byte("dropping downstream")) {
+		t.Errorf("String %q does not say it drops downstream", s)
+	}
+	if _, err := old.Write([]byte("lost-reply")); err != nil {
+		t.Fatal(err)
+	}
+	fresh := dialProxy(t, p)
+	if _, err := fresh.Write([]byte("also-lost")); err != nil {
+		t.Fatal(err)
+	}
+	n := int64(len("lost-reply") + len("also-lost"))
+	st := waitStats(t, p, "the requests delivered and the replies dropped", func(st ProxyStats) bool {
+		return st.Bytes[Upstream] == int64(len("warm"))+n && st.Dropped[Downstream] == n
+	})
+	if st.Bytes[Downstream] != int64(len("warm")) || st.Dropped[Upstream] != 0 {
+		t.Fatalf("stats %+v: want only the warm-up delivered downstream, nothing dropped upstream", st)
+	}
+	expectSilence(t, old, 100*time.Millisecond)
+	expectSilence(t, fresh, 10*time.Millisecond)
+
+	p.Drop(Downstream, false)
+	if cut := p.Cut(); cut != 2 {
+		t.Fatalf("Cut closed %d connections, want 2", cut)
+	}
+	roundTrip(t, dialProxy(t, p), []byte("healed"))
+	if st := p.Stats(); st.Dropped[Downstream] != n {
+		t.Fatalf("stats %+v: dropped more after Drop(off)", st)
+	}
+}
+
+// TestProxy_DropUpstream: nothing reaches the server while upstream is
+// dropped; chunks read after Drop(off) flow on the same connection.
+func TestProxy_DropUpstream(t *testing.T) {
+	p := Start(t, echoServer(t), 9)
+	c := dialProxy(t, p)
+	p.Drop(Upstream, true)
+	if _, err := c.Write([]byte("never")); err != nil {
+		t.Fatal(err)
+	}
+	waitStats(t, p, "5 bytes dropped upstream", func(st ProxyStats) bool { return st.Dropped[Upstream] == 5 })
+	expectSilence(t, c, 100*time.Millisecond)
+	if st := p.Stats(); st.Bytes[Upstream] != 0 || st.Bytes[Downstream] != 0 {
+		t.Fatalf("stats %+v: bytes delivered while upstream dropped", st)
+	}
+	p.Drop(Upstream, false)
+	roundTrip(t, c, []byte("after"))
+}
+
+// TestProxy_DropRejectsBadDirection panics on an unknown direction.
+func TestProxy_DropRejectsBadDirection(t *testing.T) {
+	p := Start(t, echoServer(t), 10)
+	defer func() {
+		if recover() == nil {
+			t.Fatal("Drop(Direction(5)) did not panic")
+		}
+	}()
+	p.Drop(Direction(5), true)
+}
+
+// readTag reads the len(want) bytes a tagged echo server sends first.
+func readTag(t *testing.T, c net.Conn, want string) {
+	t.Helper()
+	got := make([]byte, len(want))
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(c, got); err != nil {
+		t.Fatalf("read tag: %v", err)
+	}
+	if string(got) != want {
+		t.Fatalf("connected to %q, want %q", got, want)
+	}
+}
+
+// TestProxy_SetTarget: connections accepted after SetTarget go to the new
+// target; an open one stays with the old.
+func TestProxy_SetTarget(t *testing.T) {
+	a, b := taggedEchoServer(t, "A"), taggedEchoServer(t, "B")
+	p := Start(t, a, 11)
+	if p.Target() != a {
+		t.Fatalf("Target %q, want %q", p.Target(), a)
+	}
+	old := dialProxy(t, p)
+	readTag(t, old, "A")
+	roundTrip(t, old, []byte("one"))
+
+	p.SetTarget(b)
+	if p.Target() != b {
+		t.Fatalf("Target %q after SetTarget, want %q", p.Target(), b)
+	}
+	fresh := dialProxy(t, p)
+	readTag(t, fresh, "B")
+	roundTrip(t, fresh, []byte("two"))
+	roundTrip(t, old, []byte("still A")) // the old connection is untouched
+	if st := p.Stats(); st.Conns != 2 || st.Cut != 0 {
+		t.Fatalf("stats %+v: want 2 connections, none cut", st)
+	}
+
+	// After a Cut, the old client's reconnect lands on the new target.
+	p.Cut()
+	readTag(t, dialProxy(t, p), "B")
+	p.SetTarget(a)
+	readTag(t, dialProxy(t, p), "A")
 }

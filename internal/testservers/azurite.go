@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
-	"testing"
 	"time"
 )
 
@@ -52,7 +51,7 @@ type Azurite struct {
 // else the test cache that scripts/test-deps/azblob.sh installs into
 // (${DLOCK_TEST_CACHE:-$HOME/.cache/dlock-test}/npm/azurite), else PATH. It
 // fails the test with the install command when none exists.
-func AzuriteBinary(t testing.TB) string {
+func AzuriteBinary(t TB) string {
 	t.Helper()
 	if p := os.Getenv("AZURITE_BLOB"); p != "" {
 		if st, err := os.Stat(p); err == nil && !st.IsDir() {
@@ -72,7 +71,7 @@ func AzuriteBinary(t testing.TB) string {
 // answers HTTP. It fails the test when azurite-blob (or node) is missing,
 // with the command that installs it, or when it does not start. The server
 // is stopped by PID in t.Cleanup; its log is printed when the test failed.
-func StartAzurite(t testing.TB) *Azurite {
+func StartAzurite(t TB) *Azurite {
 	t.Helper()
 	if _, err := exec.LookPath("node"); err != nil {
 		t.Fatalf("testservers: node not found (Azurite runs on Node.js): %s", azuriteInstallHint)

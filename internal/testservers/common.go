@@ -12,12 +12,25 @@ import (
 	"path/filepath"
 	"strconv"
 	"syscall"
-	"testing"
 	"time"
 )
 
+// TB is the part of testing.TB that this package, gcsfake and
+// server/servertest use, so that their servers can be started outside go
+// test too (see Harness). *testing.T, *testing.B and *testing.F satisfy it.
+type TB interface {
+	Cleanup(f func())
+	Failed() bool
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Helper()
+	Logf(format string, args ...any)
+	Setenv(key, value string)
+	TempDir() string
+}
+
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func FreePort(t testing.TB) int {
+func FreePort(t TB) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -31,7 +44,7 @@ func FreePort(t testing.TB) int {
 // extra directories given (Debian puts some servers outside PATH). When it is
 // missing the test fails with installHint, e.g. "apt-get install redis-server
 // (or run make test, which installs it)".
-func Binary(t testing.TB, name, installHint string, extraDirs ...string) string {
+func Binary(t TB, name, installHint string, extraDirs ...string) string {
 	t.Helper()
 	if p, err := exec.LookPath(name); err == nil {
 		return p

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 )
 
@@ -59,7 +58,7 @@ type Consul struct {
 // and its own node is in the catalog (sessions need it). A missing binary
 // fails the test with the install command. The server is stopped by PID in
 // t.Cleanup; its log is printed when the test failed.
-func StartConsul(t testing.TB) *Consul {
+func StartConsul(t TB) *Consul {
 	t.Helper()
 	bin := ConsulBinary()
 	if st, err := os.Stat(bin); err != nil || st.IsDir() {

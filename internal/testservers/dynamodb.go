@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 )
 
@@ -62,7 +61,7 @@ func DynaliteCLI() string {
 // ListTables request. It fails the test with the install command when node
 // or dynalite is missing. The server is stopped by PID in t.Cleanup; its
 // log is printed when the test failed.
-func StartDynalite(t testing.TB) *Dynalite {
+func StartDynalite(t TB) *Dynalite {
 	t.Helper()
 	node := Binary(t, "node", dynaliteInstallHint, "/usr/bin", "/usr/local/bin")
 	cli := DynaliteCLI()
@@ -244,7 +243,7 @@ func SetDynaliteEnv() {
 
 // UseDynaliteEnv is SetDynaliteEnv for the duration of t (t.Setenv: not
 // in parallel tests).
-func UseDynaliteEnv(t testing.TB) {
+func UseDynaliteEnv(t TB) {
 	t.Helper()
 	for k, v := range dynaliteEnv() {
 		t.Setenv(k, v)

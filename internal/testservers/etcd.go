@@ -7,13 +7,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
-	"testing"
 	"time"
 )
 
 // Etcd is a single-member etcd server started by a test.
 type Etcd struct {
-	t          testing.TB
+	t          TB
 	bin        string
 	dataDir    string
 	logPath    string
@@ -31,7 +30,7 @@ type Etcd struct {
 // disk, which dominates lock handoffs; tmpfs keeps the data across Stop and
 // Start of the process, not of the machine), else in t.TempDir(). A missing
 // etcd binary fails the test with the install command.
-func StartEtcd(t testing.TB) *Etcd {
+func StartEtcd(t TB) *Etcd {
 	t.Helper()
 	bin := Binary(t, "etcd", "apt-get install etcd-server (make test installs it)", "/usr/lib/etcd", "/usr/local/bin")
 	dir := t.TempDir()
@@ -150,7 +149,7 @@ func waitEtcdHealthy(url string, p *Process, timeout time.Duration) error {
 }
 
 // logTailOnFailure prints the end of a server's log when the test failed.
-func logTailOnFailure(t testing.TB, name, path string) {
+func logTailOnFailure(t TB, name, path string) {
 	if !t.Failed() {
 		return
 	}

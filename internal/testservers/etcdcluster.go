@@ -9,14 +9,13 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 )
 
 // EtcdCluster is an etcd cluster of several members started by a test, each
 // its own etcd process on loopback.
 type EtcdCluster struct {
-	t       testing.TB
+	t       TB
 	bin     string
 	members []*etcdMember
 	token   string
@@ -41,7 +40,7 @@ type etcdMember struct {
 // data lives in its own temp dir under /dev/shm when that exists (etcd
 // fsyncs its WAL on every write; see StartEtcd), else under t.TempDir(). A
 // missing etcd binary fails the test with the install command.
-func StartEtcdCluster(t testing.TB, n int) *EtcdCluster {
+func StartEtcdCluster(t TB, n int) *EtcdCluster {
 	t.Helper()
 	if n < 1 || n > 9 {
 		t.Fatalf("testservers: etcd cluster of %d members: want 1 to 9", n)

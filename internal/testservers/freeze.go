@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 )
 
@@ -29,7 +28,7 @@ type Freezer struct {
 
 // NewFreezer returns a Freezer of the servers whose PIDs pids returns when
 // Freeze is called (a stopped server's 0 is skipped), thawed in t.Cleanup.
-func NewFreezer(t testing.TB, pids func() []int) *Freezer {
+func NewFreezer(t TB, pids func() []int) *Freezer {
 	f := &Freezer{pids: pids}
 	t.Cleanup(func() { _ = f.Thaw() })
 	return f

@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 )
 
@@ -61,7 +60,7 @@ type Postgres struct {
 // test when the binaries are missing (with the command that installs them)
 // or the server does not start. The server is stopped by PID and its dir
 // removed in t.Cleanup; its log is printed when the test failed.
-func StartPostgres(t testing.TB) *Postgres {
+func StartPostgres(t TB) *Postgres {
 	t.Helper()
 	pgBin := Binary(t, "postgres", postgresInstallHint, postgresBinDirs...)
 	initdb := filepath.Join(filepath.Dir(pgBin), "initdb")

@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 )
 
@@ -43,7 +42,7 @@ type Redis struct {
 // It fails the test when redis-server is missing (with the command that
 // installs it) or does not start. The server is stopped by PID in
 // t.Cleanup; its log is printed when the test failed.
-func StartRedis(t testing.TB) *Redis {
+func StartRedis(t TB) *Redis {
 	t.Helper()
 	return startRedis(t, false)
 }
@@ -52,12 +51,12 @@ func StartRedis(t testing.TB) *Redis {
 // Redis Cluster that owns all 16384 slots, so cluster-only rules (every key
 // of a command or script in one slot, or CROSSSLOT) apply. It is otherwise
 // like StartRedis; Stop and Start keep the cluster configuration.
-func StartRedisCluster(t testing.TB) *Redis {
+func StartRedisCluster(t TB) *Redis {
 	t.Helper()
 	return startRedis(t, true)
 }
 
-func startRedis(t testing.TB, cluster bool) *Redis {
+func startRedis(t TB, cluster bool) *Redis {
 	t.Helper()
 	r := &Redis{
 		cluster: cluster,
@@ -82,13 +81,58 @@ func startRedis(t testing.TB, cluster bool) *Redis {
 
 // StartRedisN starts n independent redis-servers (for Redlock), each as
 // StartRedis does.
-func StartRedisN(t testing.TB, n int) []*Redis {
+func StartRedisN(t TB, n int) []*Redis {
 	t.Helper()
 	rs := make([]*Redis, n)
 	for i := range rs {
 		rs[i] = StartRedis(t)
 	}
 	return rs
+}
+
+// redisReplicaTimeout bounds how long StartRedisReplica waits for the
+// replica's link to its primary to come up.
+const redisReplicaTimeout = 15 * time.Second
+
+// StartRedisReplica starts a redis-server as StartRedis does, makes it a
+// replica of primary (REPLICAOF 127.0.0.1 <primary port>) and waits, up to
+// 15 s, until INFO replication on it shows master_link_status:up. It fails
+// t otherwise. The replica is read-only (redis's default) until it is sent
+// REPLICAOF NO ONE. Replication is not in its command line: after Stop and
+// Start (or Kill and Start) it comes back as a primary with its data, and
+// REPLICAOF must be sent again to make it follow.
+func StartRedisReplica(t TB, primary *Redis) *Redis {
+	t.Helper()
+	r := startRedis(t, false)
+	if _, err := r.Command("REPLICAOF", "127.0.0.1", Itoa(primary.Port())); err != nil {
+		t.Fatalf("testservers: redis-server %s: REPLICAOF %s: %v", r.Addr(), primary.Addr(), err)
+	}
+	deadline := time.Now().Add(redisReplicaTimeout)
+	for {
+		info, err := r.Command("INFO", "replication")
+		if err == nil && strings.Contains(info, "master_link_status:up") {
+			return r
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("testservers: redis-server %s: link to primary %s not up after %v: %v\n%s",
+				r.Addr(), primary.Addr(), redisReplicaTimeout, err, info)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Command sends one command to the server and returns its simple, integer
+// or bulk string reply (a nil reply, as GET of a missing key, is ""); an
+// error reply is an error. Array replies are not parsed: their element
+// count is returned. Each call uses its own connection, with a 2 s
+// deadline.
+func (r *Redis) Command(args ...string) (string, error) {
+	return redisCommand(r.Addr(), args...)
+}
+
+// RedisCommand is Redis.Command for the server at addr (host:port).
+func RedisCommand(addr string, args ...string) (string, error) {
+	return redisCommand(addr, args...)
 }
 
 // Addr returns "127.0.0.1:port".
@@ -139,6 +183,8 @@ func (r *Redis) Start() error {
 		"--logfile", "",
 		"--loglevel", "warning",
 		"--enable-debug-command", "local",
+		// A replica (StartRedisReplica) syncs at once, not after 5 s.
+		"--repl-diskless-sync-delay", "0",
 	}
 	if r.cluster {
 		args = append(args, "--cluster-enabled", "yes",

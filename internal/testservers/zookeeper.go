@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 )
 
@@ -17,7 +16,7 @@ const zkInstallHint = "apt-get install zookeeper (make test installs it)"
 
 // ZooKeeper is a standalone ZooKeeper server started by a test.
 type ZooKeeper struct {
-	t       testing.TB
+	t       TB
 	java    string
 	cp      string
 	cfgPath string
@@ -39,7 +38,7 @@ var zkJarDirs = []string{"/usr/share/java", "/usr/share/zookeeper", "/usr/share/
 // loopback port with its data in a temp dir, waits until it answers "ruok",
 // and stops it by PID when the test ends. A missing java or zookeeper.jar
 // fails the test with the install command.
-func StartZooKeeper(t testing.TB) *ZooKeeper {
+func StartZooKeeper(t TB) *ZooKeeper {
 	t.Helper()
 	java := Binary(t, "java", zkInstallHint)
 	jar := ""

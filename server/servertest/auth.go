@@ -4,9 +4,9 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"testing"
 
 	"github.com/dlock-dev/dlock/internal/authtoken"
+	"github.com/dlock-dev/dlock/internal/testservers"
 )
 
 // Identity is one identity of a test auth file (see server/auth.go): a name,
@@ -25,7 +25,7 @@ type Identity struct {
 // and returns its path. An identity with an empty Token gets a fresh one
 // (authtoken.New), written back into ids so the test can use it; the file
 // holds only its hash.
-func WriteAuthFile(t testing.TB, dir string, ids []Identity) string {
+func WriteAuthFile(t testservers.TB, dir string, ids []Identity) string {
 	t.Helper()
 	type entry struct {
 		Name        string              `json:"name"`

@@ -17,10 +17,10 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 
 	"github.com/dlock-dev/dlock/internal/netproxy"
+	"github.com/dlock-dev/dlock/internal/testservers"
 )
 
 // ClusterOptions configures StartCluster. The zero value is a cluster with
@@ -70,7 +70,7 @@ type ClusterOptions struct {
 // use. Everything (processes by PID, proxies) is stopped when the test
 // ends; on failure the tail of every node's log is written to the test log.
 type Cluster struct {
-	t     testing.TB
+	t     testservers.TB
 	bin   string
 	opts  ClusterOptions
 	nodes []*Node
@@ -117,7 +117,7 @@ type Node struct {
 
 // reservePort returns a free loopback host:port and the listener that
 // holds it until it is closed.
-func reservePort(t testing.TB) (string, net.Listener) {
+func reservePort(t testservers.TB) (string, net.Listener) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -147,7 +147,7 @@ const (
 // every node serves HTTP and one of them is the leader, and stops it all
 // when the test ends. It fails the test when the cluster does not come up
 // within 30s.
-func StartCluster(t testing.TB, n int, opts ClusterOptions) *Cluster {
+func StartCluster(t testservers.TB, n int, opts ClusterOptions) *Cluster {
 	t.Helper()
 	if n < 1 {
 		t.Fatalf("servertest: StartCluster(%d): want at least one node", n)
@@ -186,7 +186,7 @@ func StartCluster(t testing.TB, n int, opts ClusterOptions) *Cluster {
 // was taken by another process between FreePort and the start.
 var errPortTaken = errors.New("a port was taken by another process")
 
-func startCluster(t testing.TB, n int, opts ClusterOptions) (*Cluster, error) {
+func startCluster(t testservers.TB, n int, opts ClusterOptions) (*Cluster, error) {
 	total := n + opts.Spares
 	c := &Cluster{t: t, bin: Binary(t), opts: opts, cut: map[[2]int]bool{}}
 	dir := t.TempDir()

@@ -16,14 +16,14 @@ import (
 	"path/filepath"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 
+	"github.com/dlock-dev/dlock/internal/testservers"
 	"github.com/dlock-dev/dlock/server"
 )
 
 // FreePort returns a loopback host:port that was free a moment ago.
-func FreePort(t testing.TB) string {
+func FreePort(t testservers.TB) string {
 	t.Helper()
 	for {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -46,7 +46,7 @@ var handedOut sync.Map
 
 // Config returns a server configuration for tests: free loopback ports,
 // data in dir, fast Raft timings, Raft and server logs discarded.
-func Config(t testing.TB, dir string) server.Config {
+func Config(t testservers.TB, dir string) server.Config {
 	cfg := server.DefaultConfig()
 	cfg.Listen = FreePort(t)
 	cfg.RaftBind = FreePort(t)
@@ -63,7 +63,7 @@ func Config(t testing.TB, dir string) server.Config {
 
 // Embedded is a dlockd running in the test process.
 type Embedded struct {
-	t   testing.TB
+	t   testservers.TB
 	Cfg server.Config
 
 	mu  sync.Mutex
@@ -72,7 +72,7 @@ type Embedded struct {
 
 // StartEmbedded starts a server with cfg (see Config), waits until it is
 // ready, and stops it when the test ends.
-func StartEmbedded(t testing.TB, cfg server.Config) *Embedded {
+func StartEmbedded(t testservers.TB, cfg server.Config) *Embedded {
 	t.Helper()
 	e := &Embedded{t: t, Cfg: cfg}
 	if err := e.Start(); err != nil {
@@ -151,7 +151,7 @@ var (
 
 // Binary builds cmd/dlockd once per test binary and returns its path. The
 // build directory is removed by Cleanup.
-func Binary(t testing.TB) string {
+func Binary(t testservers.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		buildDir, buildErr = os.MkdirTemp("", "dlockd-bin-")
@@ -181,7 +181,7 @@ func Cleanup() {
 
 // Process is a dlockd binary running in a subprocess.
 type Process struct {
-	t        testing.TB
+	t        testservers.TB
 	bin      string
 	Listen   string
 	RaftBind string
@@ -197,7 +197,7 @@ type Process struct {
 // StartProcess builds (once) and starts dlockd on free ports with its data
 // in a temporary directory, waits until /readyz answers, and kills it when
 // the test ends.
-func StartProcess(t testing.TB, args ...string) *Process {
+func StartProcess(t testservers.TB, args ...string) *Process {
 	t.Helper()
 	dir := t.TempDir()
 	logf, err := os.Create(filepath.Join(dir, "dlockd.log"))

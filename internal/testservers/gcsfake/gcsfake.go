@@ -27,10 +27,11 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"testing"
 	"time"
 
 	"github.com/fsouza/fake-gcs-server/fakestorage"
+
+	"github.com/dlock-dev/dlock/internal/testservers"
 )
 
 // Server is a fake-gcs-server serving the JSON API on 127.0.0.1. All
@@ -56,7 +57,7 @@ type drop struct {
 
 // Start starts a fake on a free loopback port with the given buckets
 // created, and stops it (closing every connection) in t.Cleanup.
-func Start(t testing.TB, buckets ...string) *Server {
+func Start(t testservers.TB, buckets ...string) *Server {
 	t.Helper()
 	fake, err := fakestorage.NewServerWithOptions(fakestorage.Options{NoListener: true, Scheme: "http"})
 	if err != nil {
