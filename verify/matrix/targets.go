@@ -1,0 +1,371 @@
+package matrix
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/dlock-dev/dlock/internal/netproxy"
+	"github.com/dlock-dev/dlock/internal/testservers"
+	"github.com/dlock-dev/dlock/server/servertest"
+	"github.com/dlock-dev/dlock/verify"
+)
+
+// proxied puts a verifier-owned proxy in front of each address and
+// returns the proxies and their addresses joined with commas.
+func proxied(h *testservers.Harness, seed uint64, addrs ...string) ([]*netproxy.Proxy, string) {
+	var ps []*netproxy.Proxy
+	var hosts []string
+	for i, a := range addrs {
+		p, err := netproxy.New(a, seed+uint64(i))
+		if err != nil {
+			h.Fatalf("matrix: proxy for %s: %v", a, err)
+		}
+		h.Cleanup(func() { p.Close() })
+		ps = append(ps, p)
+		hosts = append(hosts, p.Addr())
+	}
+	return ps, strings.Join(hosts, ",")
+}
+
+// base is what every managed target shares.
+type base struct {
+	name, url string
+	links     []*netproxy.Proxy
+}
+
+func (b *base) Name() string             { return b.name }
+func (b *base) URL() string              { return b.url }
+func (b *base) Links() []*netproxy.Proxy { return b.links }
+func (b *base) Close() error             { return nil } // the harness stops everything
+func (b *base) cutAll()                  { cutLinks(b.links) }
+func cutLinks(ps []*netproxy.Proxy) {
+	for _, p := range ps {
+		p.Cut()
+	}
+}
+func errNoLeader() error    { return fmt.Errorf("no leader: %w", errors.ErrUnsupported) }
+func sigkill(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }
+func waitGone(pid int, limit time.Duration) {
+	for end := time.Now().Add(limit); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if syscall.Kill(pid, 0) != nil {
+			return
+		}
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil && strings.Contains(string(b), ") Z ") {
+			return // a zombie: dead, its parent not yet told
+		}
+	}
+}
+
+// dlockdCluster is dlockd on n real processes (servertest.StartCluster),
+// fsync on; its clients reach each member through the member's API proxy,
+// and every Raft link runs through a proxy too.
+type dlockdCluster struct {
+	base
+	c *servertest.Cluster
+}
+
+func startDlockd(h *testservers.Harness, n int, seed uint64) *dlockdCluster {
+	c := servertest.StartCluster(h, n, servertest.ClusterOptions{Sync: true, Seed: seed, LogLevel: "warn"})
+	var links []*netproxy.Proxy
+	for i := range n {
+		links = append(links, c.Node(i).API)
+	}
+	name := "dlockd"
+	if n > 1 {
+		name = fmt.Sprintf("dlockd%d", n)
+	}
+	return &dlockdCluster{base: base{name: name, url: c.URL(), links: links}, c: c}
+}
+
+func (d *dlockdCluster) Members() int { return d.c.N() }
+func (d *dlockdCluster) Leader(ctx context.Context) (int, error) {
+	if d.c.N() == 1 {
+		return 0, errNoLeader()
+	}
+	return d.c.Leader(ctx)
+}
+func (d *dlockdCluster) KillMember(_ context.Context, i int) error    { return d.c.Kill(i) }
+func (d *dlockdCluster) RestartMember(_ context.Context, i int) error { return d.c.Restart(i) }
+func (d *dlockdCluster) PauseMember(i int) error                      { return d.c.Pause(i) }
+func (d *dlockdCluster) ResumeMember(i int) error                     { return d.c.Resume(i) }
+
+// dlockdSet is the 3- or 5-node cluster, which can also be partitioned.
+type dlockdSet struct{ *dlockdCluster }
+
+func (d dlockdSet) Partition(groups ...[]int) error { d.c.Partition(groups...); return nil }
+func (d dlockdSet) Isolate(i int) error             { d.c.Isolate(i); return nil }
+func (d dlockdSet) Heal() error                     { d.c.Heal(); return nil }
+
+// redisTarget is one redis-server (AOF, appendfsync everysec) behind a
+// proxy. Its lossy restart deletes the AOF first: Redis without
+// persistence, or one whose unsynced second was lost.
+type redisTarget struct {
+	base
+	r *testservers.Redis
+}
+
+func startRedis(h *testservers.Harness, seed uint64) *redisTarget {
+	r := testservers.StartRedis(h)
+	links, hosts := proxied(h, seed, r.Addr())
+	return &redisTarget{base: base{name: "redis", url: "redis://" + hosts, links: links}, r: r}
+}
+
+func (t *redisTarget) Kill(context.Context) error { t.r.Kill(); return nil }
+func (t *redisTarget) Restart(context.Context) error {
+	err := t.r.Start()
+	t.cutAll() // connections to the dead process would hang on the proxy
+	return err
+}
+func (t *redisTarget) Checkpoint(context.Context) error { return nil }
+func (t *redisTarget) RestartFromCheckpoint(ctx context.Context) error {
+	t.r.Kill()
+	if err := wipeRedisData(t.r.Dir()); err != nil {
+		return err
+	}
+	return t.Restart(ctx)
+}
+
+// wipeRedisData removes what redis-server persisted in dir (AOF and RDB
+// files), keeping its config and log.
+func wipeRedisData(dir string) error {
+	for _, pat := range []string{"appendonlydir", "*.aof", "*.rdb"} {
+		m, _ := filepath.Glob(filepath.Join(dir, pat))
+		for _, p := range m {
+			if err := os.RemoveAll(p); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// redisFailover is a primary and an asynchronous replica, whose
+// replication runs through a proxy that delays it (replication lag); the
+// clients' proxy points at the primary until Failover.
+type redisFailover struct {
+	base
+	primary, replica *testservers.Redis
+}
+
+func startRedisFailover(h *testservers.Harness, seed uint64, lag time.Duration) *redisFailover {
+	p := testservers.StartRedis(h)
+	r := testservers.StartRedisReplica(h, p)
+	repl, err := netproxy.New(p.Addr(), seed+100)
+	if err != nil {
+		h.Fatalf("matrix: replication proxy: %v", err)
+	}
+	h.Cleanup(func() { repl.Close() })
+	repl.SetDelay(netproxy.Downstream, lag/2, lag)
+	host, port, _ := strings.Cut(repl.Addr(), ":")
+	if _, err := r.Command("REPLICAOF", host, port); err != nil {
+		h.Fatalf("matrix: REPLICAOF through the lag proxy: %v", err)
+	}
+	links, hosts := proxied(h, seed, p.Addr())
+	return &redisFailover{base: base{name: "redis-failover", url: "redis://" + hosts, links: links}, primary: p, replica: r}
+}
+
+func (t *redisFailover) Failover(context.Context) error {
+	t.primary.Kill()
+	if _, err := t.replica.Command("REPLICAOF", "NO", "ONE"); err != nil {
+		return fmt.Errorf("promote the replica: %w", err)
+	}
+	for _, p := range t.links {
+		p.SetTarget(t.replica.Addr())
+	}
+	t.cutAll()
+	return nil
+}
+
+// redlockTarget is Redlock on five redis-servers, each behind a proxy.
+// Partition cuts the clients off the minority's nodes (Redlock's nodes
+// do not talk to each other: the clients' links are all there is).
+type redlockTarget struct {
+	base
+	rs []*testservers.Redis
+}
+
+func startRedlock(h *testservers.Harness, seed uint64) *redlockTarget {
+	rs := testservers.StartRedisN(h, 5)
+	var addrs []string
+	for _, r := range rs {
+		addrs = append(addrs, r.Addr())
+	}
+	links, hosts := proxied(h, seed, addrs...)
+	return &redlockTarget{base: base{name: "redlock", url: "redlock://" + hosts, links: links}, rs: rs}
+}
+
+func (t *redlockTarget) Members() int                        { return len(t.rs) }
+func (t *redlockTarget) Leader(context.Context) (int, error) { return -1, errNoLeader() }
+func (t *redlockTarget) KillMember(_ context.Context, i int) error {
+	t.rs[i].Kill()
+	return nil
+}
+func (t *redlockTarget) RestartMember(_ context.Context, i int) error {
+	err := t.rs[i].Start()
+	t.links[i].Cut()
+	return err
+}
+func (t *redlockTarget) PauseMember(i int) error {
+	return syscall.Kill(t.rs[i].PID(), syscall.SIGSTOP)
+}
+func (t *redlockTarget) ResumeMember(i int) error {
+	return syscall.Kill(t.rs[i].PID(), syscall.SIGCONT)
+}
+func (t *redlockTarget) Partition(groups ...[]int) error {
+	if len(groups) > 0 {
+		for _, i := range groups[0] {
+			t.links[i].Hold()
+		}
+	}
+	return nil
+}
+func (t *redlockTarget) Isolate(i int) error { t.links[i].Hold(); return nil }
+func (t *redlockTarget) Heal() error {
+	for _, p := range t.links {
+		p.Release()
+	}
+	return nil
+}
+
+// Checkpoint and RestartFromCheckpoint restart node 0 with no data: the
+// failure Redlock's analysis warns about (a node that forgets a lock
+// after a crash unless it fsyncs every write, or waits a TTL to rejoin).
+func (t *redlockTarget) Checkpoint(context.Context) error { return nil }
+func (t *redlockTarget) RestartFromCheckpoint(ctx context.Context) error {
+	t.rs[0].Kill()
+	if err := wipeRedisData(t.rs[0].Dir()); err != nil {
+		return err
+	}
+	return t.RestartMember(ctx, 0)
+}
+
+// etcdTarget is one etcd behind a proxy.
+type etcdTarget struct {
+	base
+	e *testservers.Etcd
+}
+
+func startEtcd(h *testservers.Harness, seed uint64) *etcdTarget {
+	e := testservers.StartEtcd(h)
+	links, hosts := proxied(h, seed, e.Addr())
+	return &etcdTarget{base: base{name: "etcd", url: "etcd://" + hosts, links: links}, e: e}
+}
+
+func (t *etcdTarget) Kill(context.Context) error {
+	pid := t.e.PID()
+	if err := sigkill(pid); err != nil {
+		return err
+	}
+	waitGone(pid, 10*time.Second)
+	t.e.Stop()
+	return nil
+}
+func (t *etcdTarget) Restart(context.Context) error {
+	err := t.e.Start()
+	t.cutAll()
+	return err
+}
+
+// etcdCluster is a 3-member etcd cluster; its peer links are direct, so it
+// takes the leader's kill and pause but not partitions.
+type etcdCluster struct {
+	base
+	c *testservers.EtcdCluster
+}
+
+func startEtcdCluster(h *testservers.Harness, seed uint64) *etcdCluster {
+	c := testservers.StartEtcdCluster(h, 3)
+	var addrs []string
+	for i := range c.Len() {
+		addrs = append(addrs, c.Addr(i))
+	}
+	links, hosts := proxied(h, seed, addrs...)
+	return &etcdCluster{base: base{name: "etcd3", url: "etcd://" + hosts, links: links}, c: c}
+}
+
+func (t *etcdCluster) Members() int { return t.c.Len() }
+func (t *etcdCluster) Leader(ctx context.Context) (int, error) {
+	for ctx.Err() == nil {
+		if l := t.c.Leader(); l >= 0 {
+			return l, nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return -1, ctx.Err()
+}
+func (t *etcdCluster) KillMember(_ context.Context, i int) error { t.c.Kill(i); return nil }
+func (t *etcdCluster) RestartMember(_ context.Context, i int) error {
+	err := t.c.Restart(i)
+	t.links[i].Cut()
+	return err
+}
+func (t *etcdCluster) PauseMember(i int) error  { return syscall.Kill(t.c.PID(i), syscall.SIGSTOP) }
+func (t *etcdCluster) ResumeMember(i int) error { return syscall.Kill(t.c.PID(i), syscall.SIGCONT) }
+
+// zkTarget is one ZooKeeper behind a proxy.
+type zkTarget struct {
+	base
+	z *testservers.ZooKeeper
+}
+
+func startZooKeeper(h *testservers.Harness, seed uint64) *zkTarget {
+	z := testservers.StartZooKeeper(h)
+	links, hosts := proxied(h, seed, z.Addr())
+	return &zkTarget{base: base{name: "zookeeper", url: "zk://" + hosts + "/dlock", links: links}, z: z}
+}
+
+func (t *zkTarget) Kill(context.Context) error {
+	pid := t.z.PID()
+	if err := sigkill(pid); err != nil {
+		return err
+	}
+	waitGone(pid, 10*time.Second)
+	t.z.Stop()
+	return nil
+}
+func (t *zkTarget) Restart(context.Context) error {
+	err := t.z.Start()
+	t.cutAll()
+	return err
+}
+
+// pgTarget is one PostgreSQL behind a proxy.
+type pgTarget struct {
+	base
+	p *testservers.Postgres
+}
+
+func startPostgres(h *testservers.Harness, seed uint64) *pgTarget {
+	p := testservers.StartPostgres(h)
+	links, hosts := proxied(h, seed, p.Addr())
+	u := strings.Replace(p.URL(), p.Addr(), hosts, 1)
+	return &pgTarget{base: base{name: "postgres", url: u, links: links}, p: p}
+}
+
+func (t *pgTarget) Kill(context.Context) error { t.p.Kill(); return nil }
+func (t *pgTarget) Restart(context.Context) error {
+	err := t.p.Start()
+	t.cutAll()
+	return err
+}
+
+var (
+	_ verify.Cluster        = (*dlockdCluster)(nil)
+	_ verify.Partitioner    = dlockdSet{}
+	_ verify.Killer         = (*redisTarget)(nil)
+	_ verify.LossyRestarter = (*redisTarget)(nil)
+	_ verify.FailoverTarget = (*redisFailover)(nil)
+	_ verify.Partitioner    = (*redlockTarget)(nil)
+	_ verify.LossyRestarter = (*redlockTarget)(nil)
+	_ verify.Cluster        = (*etcdCluster)(nil)
+	_ verify.Killer         = (*etcdTarget)(nil)
+	_ verify.Killer         = (*zkTarget)(nil)
+	_ verify.Killer         = (*pgTarget)(nil)
+	_ verify.Linked         = (*base)(nil)
+)
