@@ -71,7 +71,7 @@ var Stores = []Store{
 	{Name: "redlock", Doc: "Redlock on five redis-servers (AOF everysec), each behind a proxy", Short: []string{"restart-lossy"},
 		MayFail: map[string]string{"restart-lossy": "a node restarted without its data lets a second client win a majority (Redlock's known weakness)"},
 		Start:   func(h *testservers.Harness, seed uint64) verify.Target { return startRedlock(h, seed) }},
-	{Name: "etcd", Doc: "one etcd", Short: []string{"reply-loss"},
+	{Name: "etcd", Doc: "one etcd", Short: []string{"kill"},
 		Start: func(h *testservers.Harness, seed uint64) verify.Target { return startEtcd(h, seed) }},
 	{Name: "etcd3", Doc: "three etcd members (peer links direct: no partitions)", Short: []string{"leader-pause"},
 		Start: func(h *testservers.Harness, seed uint64) verify.Target { return startEtcdCluster(h, seed) }},
