@@ -73,7 +73,7 @@ var Stores = []Store{
 		Start:   func(h *testservers.Harness, seed uint64) verify.Target { return startRedlock(h, seed) }},
 	{Name: "etcd", Doc: "one etcd", Short: []string{"kill"},
 		Start: func(h *testservers.Harness, seed uint64) verify.Target { return startEtcd(h, seed) }},
-	{Name: "etcd3", Doc: "three etcd members (peer links direct: no partitions)", Short: []string{"leader-pause"},
+	{Name: "etcd3", Doc: "three etcd members (peer links direct: no partitions)", Short: []string{"blackhole"},
 		Start: func(h *testservers.Harness, seed uint64) verify.Target { return startEtcdCluster(h, seed) }},
 	{Name: "zookeeper", Doc: "one ZooKeeper (standalone)", Short: []string{"blackhole"},
 		Start: func(h *testservers.Harness, seed uint64) verify.Target { return startZooKeeper(h, seed) }},
