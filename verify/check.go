@@ -136,54 +136,44 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d)/float6
 // completed) before it was sent, or equal to it but of another owner; or
 // one sent after a holder granted later had already written.
 func checkWrites(h *History, f *Findings) {
-	granted := map[string]time.Duration{} // owner → when its grant came back
-	for _, x := range h.Holds {
-		granted[x.Owner] = x.Granted
-	}
-	var accepted []Write
 	for _, w := range h.Writes {
 		switch {
 		case w.Accepted:
 			f.WritesAccepted++
-			accepted = append(accepted, w)
 		case w.Refused:
 			f.StaleWritesRefused++
 		default:
 			f.WritesFailed++
 		}
 	}
-	done := slices.Clone(accepted)
-	slices.SortFunc(done, func(a, b Write) int { return cmp.Compare(a.Complete, b.Complete) })
-	slices.SortFunc(accepted, func(a, b Write) int { return cmp.Compare(a.Invoke, b.Invoke) })
-	type top struct {
-		fence  uint64
-		owners map[string]bool
-	}
-	tops := map[string]*top{}
-	next := 0
-	for _, w := range accepted {
-		for ; next < len(done) && done[next].Complete < w.Invoke; next++ {
-			d := done[next]
-			t := tops[d.Key]
-			switch {
-			case t == nil || d.Fence > t.fence:
-				tops[d.Key] = &top{fence: d.Fence, owners: map[string]bool{d.Owner: true}}
-			case d.Fence == t.fence:
-				t.owners[d.Owner] = true
-			}
+	for i, stale := range staleWrites(h) {
+		if !stale {
+			continue
 		}
-		t := tops[w.Key]
-		switch {
-		case t != nil && (w.Fence < t.fence || (w.Fence == t.fence && (!t.owners[w.Owner] || len(t.owners) > 1))):
-			f.StaleWritesAccepted++
-			f.describe("stale write accepted on %q: client %d wrote fence %d at %s after fence %d had been accepted",
-				w.Key, w.Client, w.Fence, ms(w.Invoke), t.fence)
-		case supersededBefore(h, granted, w):
-			f.StaleWritesAccepted++
-			f.describe("stale write accepted on %q: client %d wrote fence %d at %s after a holder granted later had written",
-				w.Key, w.Client, w.Fence, ms(w.Invoke))
+		w := h.Writes[i]
+		f.StaleWritesAccepted++
+		f.describe("stale write accepted on %q: client %d wrote fence %d at %s after another holder's equal or greater fence had been accepted, or a holder granted later had written",
+			w.Key, w.Client, w.Fence, ms(w.Invoke))
+	}
+}
+
+// staleWrites marks, by index in h.Writes, the accepted writes that are
+// stale: below the greatest fence accepted before they were sent, equal
+// to it but of another owner (staleByFence), or sent after a holder
+// granted later had written (supersededBefore). The report draws the
+// same writes red.
+func staleWrites(h *History) []bool {
+	granted := map[string]time.Duration{} // owner → when its grant came back
+	for _, x := range h.Holds {
+		granted[x.Owner] = x.Granted
+	}
+	out := staleAccepted(h.Writes)
+	for i, w := range h.Writes {
+		if w.Accepted && !out[i] && supersededBefore(h, granted, w) {
+			out[i] = true
 		}
 	}
+	return out
 }
 
 // supersededBefore reports whether a holder of w's key granted after w's

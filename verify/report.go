@@ -289,7 +289,7 @@ func buildTimeline(id string, h *History) *timeline {
 
 	// Writes: every refused and stale-accepted one, the others sampled
 	// when there are too many.
-	stale := staleAccepted(h.Writes)
+	stale := staleWrites(h)
 	k := 1
 	if len(h.Writes) > maxWriteTicks {
 		k = (len(h.Writes) + maxWriteTicks - 1) / maxWriteTicks
