@@ -11,3 +11,10 @@ func SetTestHookExpiring(h func()) (restore func()) {
 	old := testHookExpiring.Swap(p)
 	return func() { testHookExpiring.Store(old) }
 }
+
+// SetTestHookNoLoopKeepAlive stops (true) or restarts the shared leases'
+// periodic keepalives and returns a function that restores the setting.
+func SetTestHookNoLoopKeepAlive(off bool) (restore func()) {
+	old := testHookNoLoopKeepAlive.Swap(off)
+	return func() { testHookNoLoopKeepAlive.Store(old) }
+}

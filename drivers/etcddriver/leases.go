@@ -26,6 +26,10 @@ import (
 // marked expired grants and before it deletes their entries.
 var testHookExpiring atomic.Pointer[func()]
 
+// testHookNoLoopKeepAlive, when set by a test, stops the leases' loops from
+// sending their periodic keepalives (as when they time out unanswered).
+var testHookNoLoopKeepAlive atomic.Bool
+
 // sharedLease is one etcd lease shared by the driver's entries of one TTL.
 type sharedLease struct {
 	d    *Driver
@@ -46,6 +50,9 @@ type sharedLease struct {
 	kmu     sync.Mutex
 	next    *keepCall
 	sending bool
+	// confirmed is when the last confirmed keepalive (or the grant of
+	// the lease) was sent: etcd keeps the lease at least secs from then.
+	confirmed time.Time
 }
 
 // keepCall is one KeepAliveOnce of a shared lease, shared by its callers.
@@ -116,6 +123,7 @@ var errClosed = errors.New("driver closed")
 func (d *Driver) createLease(secs int64, c *leaseCreate) {
 	defer d.wg.Done()
 	gctx, cancel := context.WithTimeout(d.closeCtx, d.opTimeout)
+	sent := time.Now()
 	lg, err := d.cli.Grant(gctx, secs)
 	cancel()
 	d.mu.Lock()
@@ -140,6 +148,7 @@ func (d *Driver) createLease(secs int64, c *leaseCreate) {
 		d: d, id: lg.ID, secs: secs, ttl: time.Duration(secs) * time.Second,
 		dead: make(chan struct{}), idleSince: time.Now(),
 		grants: map[string]*grant{}, orphans: map[string]int64{},
+		confirmed: sent,
 	}
 	d.leases[secs] = s
 	d.wg.Add(1)
@@ -230,6 +239,19 @@ func (s *sharedLease) keepAlive(ctx context.Context) error {
 	}
 }
 
+// keepAliveSince is keepAlive, except that it returns nil at once when a
+// keepalive (or the lease's grant) sent at or after t was confirmed
+// already: etcd then keeps the lease at least its TTL from t.
+func (s *sharedLease) keepAliveSince(ctx context.Context, t time.Time) error {
+	s.kmu.Lock()
+	ok := !s.confirmed.Before(t)
+	s.kmu.Unlock()
+	if ok {
+		return nil
+	}
+	return s.keepAlive(ctx)
+}
+
 // send sends the pending keepalive batches, one after the other, until
 // none is pending.
 func (s *sharedLease) send() {
@@ -245,10 +267,18 @@ func (s *sharedLease) send() {
 		}
 		s.kmu.Unlock()
 		kctx, cancel := context.WithTimeout(s.d.closeCtx, s.d.opTimeout)
+		sent := time.Now()
 		_, c.err = s.d.cli.KeepAliveOnce(kctx, s.id)
 		cancel()
 		if errors.Is(c.err, rpctypes.ErrLeaseNotFound) {
 			s.markDead()
+		}
+		if c.err == nil {
+			s.kmu.Lock()
+			if sent.After(s.confirmed) {
+				s.confirmed = sent
+			}
+			s.kmu.Unlock()
 		}
 		close(c.done)
 	}
@@ -313,6 +343,9 @@ func (s *sharedLease) loop() {
 				delete(s.orphans, e.k)
 				d.mu.Unlock()
 			}
+		}
+		if testHookNoLoopKeepAlive.Load() {
+			continue
 		}
 		kctx, cancel := context.WithTimeout(d.closeCtx, min(d.opTimeout, s.ttl/3))
 		_ = s.keepAlive(kctx)

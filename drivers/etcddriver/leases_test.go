@@ -447,3 +447,32 @@ func TestSharedLease_RepeatWithLongerTTLKeepsTheGrant(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestSharedLease_GrantOnStaleLeaseLivesItsTTL: a grant put on a shared
+// lease whose keepalives have stalled (its last confirmation most of a TTL
+// old) still lives a full TTL from its request on the store, because the
+// acquisition confirms a keepalive sent after it began. Before, the entry
+// ended with the stale lease, here about 0.5 s after the grant of a 2 s
+// TTL, while its holder counted on it for 2 s: dlock verify found the
+// next holder granted early under reply loss and a paused etcd leader.
+func TestSharedLease_GrantOnStaleLeaseLivesItsTTL(t *testing.T) {
+	e := testservers.StartEtcd(t)
+	cli := rawClient(t, e)
+	d := openDriver(t, e.URL())
+	ctx := t.Context()
+	t.Cleanup(etcddriver.SetTestHookNoLoopKeepAlive(true))
+	const ttl = 2 * time.Second
+	if _, err := d.TryAcquire(ctx, req("stale-first", ttl)); err != nil {
+		t.Fatal(err) // grants the shared lease
+	}
+	time.Sleep(ttl * 3 / 4) // no keepalive meanwhile: a quarter of the lease is left
+	r := req("stale-second", ttl)
+	sent := time.Now()
+	if _, err := d.TryAcquire(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Until(sent.Add(ttl * 3 / 4)))
+	if _, _, ok := entryKV(t, cli, r); !ok {
+		t.Fatalf("the grant's entry was gone %v after its request (TTL %v): it ended with the stale shared lease", time.Since(sent).Round(time.Millisecond), ttl)
+	}
+}
