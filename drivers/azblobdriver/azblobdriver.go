@@ -194,6 +194,14 @@
 // 5 s, so a crash of the emulator (not a graceful stop) can lose recent
 // fences. Figures measured against it say nothing about the service's
 // latency.
+//
+// # Measured guarantees
+//
+// This store is not yet in the dlock verify matrix (docs/GUARANTEES.md): no
+// fault has been measured on it; dlock verify --store with its URL runs the
+// client faults (pause, clock-jump) against a server you run, and the link
+// faults (blackhole, reply-loss) where the URL's host is the server's
+// address.
 package azblobdriver
 
 import (

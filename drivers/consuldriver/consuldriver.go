@@ -160,6 +160,14 @@
 //     have no health checks, so a failing check never ends a grant.
 //   - Anyone with key:write on the prefix can delete an entry; the holder
 //     then finds the loss at its next renewal, and the fence still grows.
+//
+// # Measured guarantees
+//
+// This store is not yet in the dlock verify matrix (docs/GUARANTEES.md): no
+// fault has been measured on it; dlock verify --store with its URL runs the
+// client faults (pause, clock-jump) against a server you run, and the link
+// faults (blackhole, reply-loss) where the URL's host is the server's
+// address.
 package consuldriver
 
 import (

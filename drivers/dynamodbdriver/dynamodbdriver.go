@@ -165,6 +165,14 @@
 // ends returns at once while an acquisition write already sent finishes in
 // the background, so that its outcome is known to a Release of the same
 // owner token.
+//
+// # Measured guarantees
+//
+// This store is not yet in the dlock verify matrix (docs/GUARANTEES.md): no
+// fault has been measured on it; dlock verify --store with its URL runs the
+// client faults (pause, clock-jump) against a server you run, and the link
+// faults (blackhole, reply-loss) where the URL's host is the server's
+// address.
 package dynamodbdriver
 
 import (

@@ -175,6 +175,14 @@
 // See names.go: a key is kept as it is in the object name except '%', the
 // control characters and a leading '.', which are %XX-escaped; a name
 // that would pass Cloud Storage's 1024 bytes ends in a SHA-256 of the key.
+//
+// # Measured guarantees
+//
+// This store is not yet in the dlock verify matrix (docs/GUARANTEES.md): no
+// fault has been measured on it; dlock verify --store with its URL runs the
+// client faults (pause, clock-jump) against a server you run, and the link
+// faults (blackhole, reply-loss) where the URL's host is the server's
+// address.
 package gcsdriver
 
 import (

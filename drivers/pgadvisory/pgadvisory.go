@@ -111,6 +111,14 @@
 // WHERE pid NOT IN (SELECT pid FROM pg_stat_activity) removes them and any
 // other row of a dead session). Fences come from the table's own sequence
 // and keep increasing across the upgrade.
+//
+// # Measured guarantees
+//
+// This store is not yet in the dlock verify matrix (docs/GUARANTEES.md): no
+// fault has been measured on it; dlock verify --store with its URL runs the
+// client faults (pause, clock-jump) against a server you run, and the link
+// faults (blackhole, reply-loss) where the URL's host is the server's
+// address.
 package pgadvisory
 
 import (
