@@ -80,4 +80,5 @@ nemesis:
 ## make test runs the short matrix (verify/matrix TestMatrix_Short).
 .PHONY: verify
 verify: test-deps
-	$(GO) run ./cmd/dlock verify matrix --out docs --results $${VERIFY_RESULTS:-$$(mktemp -d)}
+	@bin=$$(mktemp -d) && $(GO) build -o $$bin/dlock ./cmd/dlock && \
+	$$bin/dlock verify matrix --out docs --results $${VERIFY_RESULTS:-$$(mktemp -d)}; rc=$$?; rm -rf $$bin; exit $$rc

@@ -258,9 +258,15 @@ var faults = []fault{
 			}
 			return errors.New("no replica to promote")
 		},
-		doc: "the primary is killed -9 and its asynchronous replica promoted (REPLICAOF NO ONE); clients follow it",
+		doc: "the primary is killed -9 just after a grant (so that it is still in the replication lag) and its asynchronous replica promoted (REPLICAOF NO ONE); clients follow it",
 		inject: func(ctx context.Context, e *env) (func(context.Context) error, string, error) {
-			return func(context.Context) error { return nil }, "", e.target.(FailoverTarget).Failover(ctx)
+			// The seed's warning needs a grant the replica has not seen:
+			// wait (up to 2 TTLs) for the next one, then kill at once.
+			note := "killed just after a grant"
+			if len(e.clients) == 0 || !e.clients[0].rec.waitGrant(ctx, e.clients[0].rec.now(), 2*e.ttl) {
+				note = "no grant within 2 TTLs: killed anyway"
+			}
+			return func(context.Context) error { return nil }, note, e.target.(FailoverTarget).Failover(ctx)
 		},
 	},
 	{

@@ -1,6 +1,7 @@
 package verify
 
 import (
+	"context"
 	"sync"
 	"time"
 
@@ -84,6 +85,8 @@ type recorder struct {
 	writes   []Write
 	attempts []Attempt
 	faults   []FaultSpan
+	// lastGrant is when the latest successful acquisition completed.
+	lastGrant time.Duration
 }
 
 func newRecorder() *recorder { return &recorder{ops: historytest.NewRecorder()} }
@@ -105,7 +108,34 @@ func (r *recorder) write(w Write) {
 func (r *recorder) attempt(a Attempt) {
 	r.mu.Lock()
 	r.attempts = append(r.attempts, a)
+	if a.Err == "" {
+		r.lastGrant = max(r.lastGrant, a.Complete)
+	}
 	r.mu.Unlock()
+}
+
+// waitGrant returns once an acquisition that completed after since was
+// recorded, or when ctx ends or limit passes; it reports whether one was.
+func (r *recorder) waitGrant(ctx context.Context, since, limit time.Duration) bool {
+	t := time.NewTicker(2 * time.Millisecond)
+	defer t.Stop()
+	deadline := time.Now().Add(limit)
+	for {
+		r.mu.Lock()
+		got := r.lastGrant > since
+		r.mu.Unlock()
+		if got {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+	}
 }
 
 // fault records a span and returns its index, for the heal to close.

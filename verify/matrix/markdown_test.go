@@ -1,0 +1,64 @@
+package matrix
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestUpdateChoosing: the summary block of CHOOSING.md is replaced by one
+// row per store listing its faults by verdict, and the hand-written text
+// around it is kept.
+func TestUpdateChoosing(t *testing.T) {
+	rep := &Report{
+		Started: time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC),
+		Stores:  []Store{{Name: "a"}, {Name: "b"}, {Name: "unused"}},
+		Cells: []*Cell{
+			{Store: "a", Fault: "pause", Verdict: SafeFenced},
+			{Store: "a", Fault: "kill", Verdict: Safe},
+			{Store: "a", Fault: "blackhole", Verdict: Safe},
+			{Store: "b", Fault: "failover", Verdict: UnsafeExpected},
+			{Store: "b", Fault: "partition", Verdict: NotApplicable},
+		},
+	}
+	path := filepath.Join(t.TempDir(), "CHOOSING.md")
+	before := "# Choosing\n\nintro\n\n" + summaryBegin + "\nold summary\n" + summaryEnd + "\n\nadvice after\n"
+	if err := os.WriteFile(path, []byte(before), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := updateChoosing(path, rep); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := string(b)
+	for _, want := range []string{
+		"# Choosing\n\nintro\n\n" + summaryBegin + "\n",
+		"| a | kill, blackhole | pause | — | — | — |\n",
+		"| b | — | — | failover | — | — |\n",
+		summaryEnd + "\n\nadvice after\n",
+		"on 2026-12-03",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("CHOOSING.md lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "old summary") || strings.Contains(got, "| unused |") {
+		t.Errorf("old block or a store without cells kept:\n%s", got)
+	}
+	// A file without the block is left alone.
+	plain := filepath.Join(t.TempDir(), "CHOOSING.md")
+	if err := os.WriteFile(plain, []byte("no block\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := updateChoosing(plain, rep); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(plain); string(b) != "no block\n" {
+		t.Errorf("a file without the block was changed: %q", b)
+	}
+}
