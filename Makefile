@@ -80,5 +80,5 @@ nemesis:
 ## make test runs the short matrix (verify/matrix TestMatrix_Short).
 .PHONY: verify
 verify: test-deps
-	@bin=$$(mktemp -d) && $(GO) build -o $$bin/dlock ./cmd/dlock && \
+	@bin=$$(mktemp -d) && $(GO) build -buildvcs=auto -o $$bin/dlock ./cmd/dlock && \
 	$$bin/dlock verify matrix --out docs --results $${VERIFY_RESULTS:-$$(mktemp -d)}; rc=$$?; rm -rf $$bin; exit $$rc
