@@ -2,6 +2,7 @@ package verify
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/dlocktest"
+	"github.com/dlock-dev/dlock/server/historytest"
 )
 
 // clientFault is a fault armed on one client for its next hold.
@@ -129,6 +131,26 @@ func (c *client) hold(ctx context.Context, lease *dlock.Lease) {
 		case "pause":
 			h.Fault = fmt.Sprintf("pause %.1fx TTL", float64(fault.amount)/float64(c.ttl))
 		}
+	}
+	if fault == nil {
+		// The moment the holder learns its lease ended (pushed loss, a
+		// refused renewal, its deadline) ends its claim on the key, as a
+		// release would: the checkers must not count a grant made after
+		// that against it. A faulted holder (paused, clock behind) is not
+		// told in time, by design, so its claim runs to its validity end.
+		stopWatch := make(chan struct{})
+		defer close(stopWatch)
+		go func() {
+			select {
+			case <-lease.Done():
+				t := c.rec.now()
+				if !errors.Is(lease.Err(), dlock.ErrLeaseLost) {
+					return // released (or the Locker closed): the Release is recorded
+				}
+				c.rec.ops.Add(historytest.Op{Client: c.id, Kind: historytest.Lost, Key: lease.Key(), Owner: lease.Owner(), Invoke: t, Complete: t, Outcome: historytest.OK, Note: "holder told"})
+			case <-stopWatch:
+			}
+		}()
 	}
 	paused := false
 	for ctx.Err() == nil {

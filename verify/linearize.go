@@ -53,7 +53,8 @@ type lockState struct {
 //     new grant's fence must be greater than every earlier one;
 //   - a renewal answered OK is legal only for the holder, and moves its
 //     validity end;
-//   - a release by the holder frees the key.
+//   - a release by the holder frees the key, and so does the holder's
+//     learning that its grant ended (historytest.Lost).
 //
 // Expiry is not a step: it is the validity end, which only makes a later
 // grant legal. This is the rule historytest.Check enforces pairwise; here
@@ -106,7 +107,7 @@ var lockModel = porcupine.Model{
 			}
 			s.until = max(s.until, in.invoke+ttl-historytest.Drift(ttl))
 			return true, s
-		default: // Release, CancelWait
+		default: // Release, CancelWait, Lost
 			if s.owner == in.owner {
 				s.owner, s.until = "", 0
 			}
@@ -140,13 +141,13 @@ func short(owner string) string {
 }
 
 // lockOperations turns a history's store calls into porcupine operations:
-// acquires and renewals answered OK, and every release (which ends the
-// owner's validity whatever its answer).
+// acquires and renewals answered OK, and every release and loss notice
+// (which ends the owner's validity whatever its answer).
 func lockOperations(ops []historytest.Op) []porcupine.Operation {
 	var out []porcupine.Operation
 	for _, op := range ops {
 		switch {
-		case op.Kind == historytest.Release || op.Kind == historytest.CancelWait:
+		case op.Kind == historytest.Release || op.Kind == historytest.CancelWait || op.Kind == historytest.Lost:
 		case op.Outcome == historytest.OK && (op.Kind == historytest.Acquire || op.Kind == historytest.Renew):
 		default:
 			continue

@@ -24,7 +24,8 @@
 //     or not answered, changes nothing.
 //   - A Release (or CancelWait) by the owner ends the validity at the time
 //     it was sent, whatever its answer: from then on the client no longer
-//     relies on the grant.
+//     relies on the grant. So does a Lost: the time the holder learned
+//     that its grant ended.
 //
 // # Violations
 //
@@ -78,6 +79,13 @@ const (
 	// CancelWait is a CancelWait request; it releases a grant that raced
 	// the cancellation, so it ends the owner's validity like a Release.
 	CancelWait
+	// Lost is not a request: the holder learned that its grant ended (the
+	// store pushed the loss, or its own driver gave the grant up), at
+	// Invoke. From then on it no longer relies on the grant, so it ends
+	// the owner's validity like a Release. (A store that grants the key to
+	// another client before its holder learned of the loss still makes an
+	// early grant.)
+	Lost
 )
 
 func (k Kind) String() string {
@@ -90,6 +98,8 @@ func (k Kind) String() string {
 		return "release"
 	case CancelWait:
 		return "cancel-wait"
+	case Lost:
+		return "lost"
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
@@ -362,7 +372,7 @@ func Check(ops []Op) (*Report, error) {
 		if op.Complete < op.Invoke {
 			return nil, fmt.Errorf("historytest: op %s completes before it is sent", op)
 		}
-		if op.Kind < Acquire || op.Kind > CancelWait {
+		if op.Kind < Acquire || op.Kind > Lost {
 			return nil, fmt.Errorf("historytest: op %s: unknown kind", op)
 		}
 		if op.Kind == Acquire && op.Outcome == OK && (op.Fence == 0 || op.GrantTTL <= 0) {
@@ -433,8 +443,10 @@ func Check(ops []Op) (*Report, error) {
 				st.RenewUnknown++
 			}
 			renewals = append(renewals, op)
-		case Release, CancelWait:
-			st.Releases++
+		case Release, CancelWait, Lost:
+			if op.Kind != Lost {
+				st.Releases++
+			}
 			for _, t := range ownerTenures[keyOwner{op.Key, op.Owner}] {
 				if t.origin.Invoke < op.Invoke && (!t.hasRel || op.Invoke < t.relAt) {
 					t.relAt, t.hasRel = op.Invoke, true

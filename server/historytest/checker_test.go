@@ -30,6 +30,11 @@ func released(client int, key, owner string, sent, recv float64) Op {
 	return Op{Client: client, Kind: Release, Key: key, Owner: owner, Invoke: msd(sent), Complete: msd(recv), Outcome: OK}
 }
 
+// lost is the holder's notice, at its client, that its grant ended.
+func lost(client int, key, owner string, at float64) Op {
+	return Op{Client: client, Kind: Lost, Key: key, Owner: owner, Invoke: msd(at), Complete: msd(at), Outcome: OK}
+}
+
 func check(t *testing.T, h []Op) *Report {
 	t.Helper()
 	for i := range h {
@@ -82,6 +87,21 @@ func TestCheck_Histories(t *testing.T) {
 			granted(2, "k", "ownerB01", 10, 104, 6, time.Second),    // granted at expiry
 			released(2, "k", "ownerB01", 200, 201),                  // irrelevant
 			granted(3, "k", "ownerC01", 2100, 2110, 9, time.Second), // after A's end: fine
+		},
+		want: []ViolationKind{EarlyGrant},
+	}, {
+		name: "holder told of its loss: B granted after A learned it, before A's validity end",
+		h: []Op{
+			granted(1, "k", "ownerA01", 0, 3, 5, ms100), // valid until 97
+			lost(1, "k", "ownerA01", 30),                // A's store pushed the loss
+			granted(2, "k", "ownerB01", 40, 50, 6, ms100),
+		},
+	}, {
+		name: "holder told too late: B granted before A learned of its loss",
+		h: []Op{
+			granted(1, "k", "ownerA01", 0, 3, 5, ms100),
+			granted(2, "k", "ownerB01", 40, 50, 6, ms100),
+			lost(1, "k", "ownerA01", 60),
 		},
 		want: []ViolationKind{EarlyGrant},
 	}, {
