@@ -67,6 +67,11 @@ func (e *Etcd) Addr() string { return fmt.Sprintf("127.0.0.1:%d", e.clientPort) 
 // URL returns the dlock store URL, "etcd://127.0.0.1:port".
 func (e *Etcd) URL() string { return "etcd://" + e.Addr() }
 
+// DataDir returns the server's --data-dir (under /dev/shm when it exists,
+// see StartEtcd). Its contents may be replaced only while the server is
+// stopped; Start then runs etcd on whatever the directory holds.
+func (e *Etcd) DataDir() string { return e.dataDir }
+
 // PID returns the server's process id, or 0 when it is stopped.
 func (e *Etcd) PID() int {
 	e.mu.Lock()

@@ -16,15 +16,81 @@ const zkInstallHint = "apt-get install zookeeper (make test installs it)"
 
 // ZooKeeper is a standalone ZooKeeper server started by a test.
 type ZooKeeper struct {
-	t       TB
-	java    string
-	cp      string
-	cfgPath string
-	logPath string
-	port    int
+	t    TB
+	port int
+	zkProc
+}
+
+// zkProc is one ZooKeeper JVM: how to start it and the running process.
+// StartZooKeeper's server and each member of a ZooKeeperEnsemble have one.
+type zkProc struct {
+	java, cp         string
+	main             string // the main class
+	cfgPath, logPath string
 
 	mu   sync.Mutex
 	proc *Process
+}
+
+// pid returns the process id, or 0 when it is stopped.
+func (z *zkProc) pid() int {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if z.proc == nil {
+		return 0
+	}
+	return z.proc.PID()
+}
+
+// spawn starts the JVM, unless it runs; ready, when not nil, is waited
+// for (and the process killed when it fails) before spawn returns.
+func (z *zkProc) spawn(ready func(*Process) error) error {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if z.proc != nil {
+		return nil
+	}
+	cmd := exec.Command(z.java,
+		"-Xms16m", "-Xmx256m", "-Xss512k",
+		"-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:-UsePerfData",
+		"-Djava.net.preferIPv4Stack=true",
+		"-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+		"-cp", z.cp, z.main, z.cfgPath)
+	p, err := StartProcess(cmd, z.logPath)
+	if err != nil {
+		return fmt.Errorf("start zookeeper: %w", err)
+	}
+	if ready != nil {
+		if err := ready(p); err != nil {
+			p.Kill()
+			return fmt.Errorf("%w (log: %s)", err, z.logPath)
+		}
+	}
+	z.proc = p
+	return nil
+}
+
+// stop ends the process: SIGTERM, then SIGKILL after grace (0: SIGKILL at
+// once); it waits until the process has exited.
+func (z *zkProc) stop(grace time.Duration) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if z.proc == nil {
+		return
+	}
+	if grace == 0 {
+		z.proc.Kill()
+	} else {
+		z.proc.Stop(grace)
+	}
+	z.proc = nil
+}
+
+// running returns the process, or nil when it is stopped.
+func (z *zkProc) running() *Process {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	return z.proc
 }
 
 // zkJars lists the jar directories searched for zookeeper.jar (Debian puts
@@ -40,32 +106,12 @@ var zkJarDirs = []string{"/usr/share/java", "/usr/share/zookeeper", "/usr/share/
 // fails the test with the install command.
 func StartZooKeeper(t TB) *ZooKeeper {
 	t.Helper()
-	java := Binary(t, "java", zkInstallHint)
-	jar := ""
-	for _, dir := range zkJarDirs {
-		p := filepath.Join(dir, "zookeeper.jar")
-		if _, err := os.Stat(p); err == nil {
-			jar = p
-			break
-		}
-	}
-	if jar == "" {
-		t.Fatalf("testservers: zookeeper.jar not found in %v; install it: %s", zkJarDirs, zkInstallHint)
-	}
-	cp := []string{jar}
-	for _, name := range []string{"zookeeper-jute.jar", "slf4j-api.jar", "slf4j-simple.jar"} {
-		p := filepath.Join(filepath.Dir(jar), name)
-		if _, err := os.Stat(p); err == nil {
-			cp = append(cp, p)
-		}
-	}
+	java, cp := zkClasspath(t)
 	dir := t.TempDir()
-	z := &ZooKeeper{
-		t: t, java: java, cp: strings.Join(cp, string(os.PathListSeparator)),
-		cfgPath: filepath.Join(dir, "zoo.cfg"),
-		logPath: filepath.Join(dir, "zookeeper.log"),
-		port:    FreePort(t),
-	}
+	z := &ZooKeeper{t: t, port: FreePort(t), zkProc: zkProc{
+		java: java, cp: cp, main: "org.apache.zookeeper.server.ZooKeeperServerMain",
+		cfgPath: filepath.Join(dir, "zoo.cfg"), logPath: filepath.Join(dir, "zookeeper.log"),
+	}}
 	dataDir := filepath.Join(dir, "data")
 	if err := os.MkdirAll(dataDir, 0o755); err != nil {
 		t.Fatalf("testservers: %v", err)
@@ -100,54 +146,24 @@ func (z *ZooKeeper) Addr() string { return fmt.Sprintf("127.0.0.1:%d", z.port) }
 // URL returns the dlock store URL, "zk://127.0.0.1:port/dlock".
 func (z *ZooKeeper) URL() string { return "zk://" + z.Addr() + "/dlock" }
 
+// DataDir returns the server's dataDir (snapshots and transaction log, in
+// version-2/): the directory "data" beside zoo.cfg, where StartZooKeeper
+// puts it. Its contents may be replaced only while the server is stopped;
+// Start then runs ZooKeeper on whatever the directory holds.
+func (z *ZooKeeper) DataDir() string { return filepath.Join(filepath.Dir(z.cfgPath), "data") }
+
 // PID returns the server's process id, or 0 when it is stopped.
-func (z *ZooKeeper) PID() int {
-	z.mu.Lock()
-	defer z.mu.Unlock()
-	if z.proc == nil {
-		return 0
-	}
-	return z.proc.PID()
-}
+func (z *ZooKeeper) PID() int { return z.pid() }
 
 // Start (re)starts the server on the same port with the same data and waits
 // until it serves requests. Starting a running server is a no-op.
 func (z *ZooKeeper) Start() error {
-	z.mu.Lock()
-	defer z.mu.Unlock()
-	if z.proc != nil {
-		return nil
-	}
-	cmd := exec.Command(z.java,
-		"-Xms16m", "-Xmx256m", "-Xss512k",
-		"-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:-UsePerfData",
-		"-Djava.net.preferIPv4Stack=true",
-		"-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
-		"-cp", z.cp,
-		"org.apache.zookeeper.server.ZooKeeperServerMain", z.cfgPath)
-	p, err := StartProcess(cmd, z.logPath)
-	if err != nil {
-		return fmt.Errorf("start zookeeper: %w", err)
-	}
-	if err := waitZKReady(z.Addr(), p, 30*time.Second); err != nil {
-		p.Kill()
-		return fmt.Errorf("%w (log: %s)", err, z.logPath)
-	}
-	z.proc = p
-	return nil
+	return z.spawn(func(p *Process) error { return waitZKReady(z.Addr(), p, 30*time.Second) })
 }
 
 // Stop stops the server (SIGTERM, then SIGKILL) and waits for it to exit.
 // Stopping a stopped server is a no-op.
-func (z *ZooKeeper) Stop() {
-	z.mu.Lock()
-	defer z.mu.Unlock()
-	if z.proc == nil {
-		return
-	}
-	z.proc.Stop(5 * time.Second)
-	z.proc = nil
-}
+func (z *ZooKeeper) Stop() { z.stop(5 * time.Second) }
 
 func waitZKReady(addr string, p *Process, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
