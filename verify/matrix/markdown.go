@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -87,8 +88,17 @@ func WriteGuarantees(w io.Writer, rep *Report) error {
 		fmt.Fprintf(&b, "**This run found problems:** %s\n\n", strings.Join(rep.Problems, "; "))
 	}
 	headline(&b, rep)
+	for _, st := range Stores {
+		if st.OptIn != "" && !slices.ContainsFunc(rep.Stores, func(x Store) bool { return x.Name == st.Name }) {
+			fmt.Fprintf(&b, "Not in this run: **%s** (%s), %s.\n\n", st.Name, st.Doc, st.OptIn)
+		}
+	}
 	for _, s := range rep.Stores {
-		fmt.Fprintf(&b, "## %s\n\n%s.\n\n", s.Name, s.Doc)
+		fmt.Fprintf(&b, "## %s\n\n%s.", s.Name, s.Doc)
+		if ttl, d := s.runTTL(o); ttl != o.TTL {
+			fmt.Fprintf(&b, " TTL %v (runs of %v).", ttl, d)
+		}
+		b.WriteString("\n\n")
 		b.WriteString("| fault | runs | double grants (store's) | stale writes accepted | refused | fence violations | longest gap s | recovery s | linearizable | verdict |\n")
 		b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, c := range rep.Cells {

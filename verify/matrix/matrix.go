@@ -52,12 +52,32 @@ type Store struct {
 	MayFail map[string]string
 	// Short is the faults of the short matrix (make test).
 	Short []string
+	// OptIn, when not "", keeps the store out of a grid that does not name
+	// it in Options.Stores (the default grid, make verify, make test),
+	// and says why: its runs take too long for the default.
+	OptIn string
+	// TTL is the shortest TTL the store's runs can use (0: any, the
+	// matrix's): a store whose expiry or write rate cannot follow the
+	// matrix's TTL runs at this one (see runTTL).
+	TTL time.Duration
+}
+
+// runTTL returns the TTL and the duration of s's runs under o (after
+// o.defaults): the longer of o.TTL and s.TTL, and o.Duration scaled by the
+// same factor, so that the fault cycles, whose lengths are in TTLs, fit the
+// run as they do at o.TTL.
+func (s Store) runTTL(o Options) (ttl, d time.Duration) {
+	if s.TTL <= o.TTL || o.TTL <= 0 {
+		return max(o.TTL, s.TTL), o.Duration
+	}
+	return s.TTL, time.Duration(float64(o.Duration) * float64(s.TTL) / float64(o.TTL))
 }
 
 // Stores is the grid's stores, in report order.
 var Stores = []Store{
 	{Name: "dlockd", Doc: "one dlockd process, fsync on", Short: []string{"kill"},
-		Start: func(h *testservers.Harness, seed uint64) verify.Target { return startDlockd(h, 1, seed) }},
+		MayFail: map[string]string{"restart-lossy": "a disk that lies about fsync loses acknowledged grants and Raft log entries: dlockd forgets the grants and issues their fences (log indexes) again, and promises nothing then (fences survive restarts because every batch is fsynced before it is answered)"},
+		Start:   func(h *testservers.Harness, seed uint64) verify.Target { return startDlockd(h, 1, seed) }},
 	{Name: "dlockd3", Doc: "three dlockd processes (Raft), fsync on, every link through a proxy", Short: []string{"partition", "leader-kill"},
 		Start: func(h *testservers.Harness, seed uint64) verify.Target { return dlockdSet{startDlockd(h, 3, seed)} }},
 	{Name: "redis", Doc: "one redis-server, AOF with appendfsync everysec", Short: []string{"pause"},
@@ -72,13 +92,29 @@ var Stores = []Store{
 		MayFail: map[string]string{"restart-lossy": "a node restarted without its data lets a second client win a majority (Redlock's known weakness)"},
 		Start:   func(h *testservers.Harness, seed uint64) verify.Target { return startRedlock(h, seed) }},
 	{Name: "etcd", Doc: "one etcd", Short: []string{"reply-loss"},
-		Start: func(h *testservers.Harness, seed uint64) verify.Target { return startEtcd(h, seed) }},
+		MayFail: map[string]string{"restart-lossy": "a disk that lies about fsync loses acknowledged grants and revisions: etcd hands the lost revisions out again as fences, and promises nothing then (its revision survives restarts because the WAL is fsynced)"},
+		Start:   func(h *testservers.Harness, seed uint64) verify.Target { return startEtcd(h, seed) }},
 	{Name: "etcd3", Doc: "three etcd members (peer links direct: no partitions)", Short: []string{"leader-pause"},
 		Start: func(h *testservers.Harness, seed uint64) verify.Target { return startEtcdCluster(h, seed) }},
 	{Name: "zookeeper", Doc: "one ZooKeeper (standalone)", Short: []string{"blackhole"},
-		Start: func(h *testservers.Harness, seed uint64) verify.Target { return startZooKeeper(h, seed) }},
+		MayFail: map[string]string{"restart-lossy": "a disk that lies about fsync loses acknowledged zxids: ZooKeeper refuses the clients that saw them (until its zxid passes theirs) but hands the same zxids out again as fences to new clients, and promises nothing then (the test server runs with forceSync=no, so a power cut would do the same without a lying disk)"},
+		Start:   func(h *testservers.Harness, seed uint64) verify.Target { return startZooKeeper(h, seed) }},
+	{Name: "zookeeper3", Doc: "three ZooKeeper members, every member-to-member link through a proxy", Short: []string{"partition"},
+		Start: func(h *testservers.Harness, seed uint64) verify.Target { return startZooKeeperEnsemble(h, seed) }},
 	{Name: "postgres", Doc: "one PostgreSQL", Short: []string{"kill"},
 		Start: func(h *testservers.Harness, seed uint64) verify.Target { return startPostgres(h, seed) }},
+	{Name: "consul", Doc: "one Consul server agent (Raft on disk, session_ttl_min 100 ms)", Short: []string{"blackhole"},
+		Start: func(h *testservers.Harness, seed uint64) verify.Target { return startConsul(h, seed) }},
+	{Name: "dynamodb", Doc: "dynalite, an emulator of DynamoDB's API on LevelDB", Short: []string{"reply-loss"},
+		Start: func(h *testservers.Harness, seed uint64) verify.Target { return startDynamo(h, seed) }},
+	{Name: "gcs", Doc: "fake-gcs-server, an emulator of Cloud Storage's JSON API, in the verifier's process (objects in memory: no process to kill)", Short: []string{"reply-loss"},
+		TTL:   gcsTTL,
+		Start: func(h *testservers.Harness, seed uint64) verify.Target { return startGCS(h, seed) }},
+	{Name: "azblob", Doc: "Azurite's blob service, the Azure Storage emulator (metadata saved to disk every 5 s)", Short: []string{"reply-loss"},
+		TTL:     azblobTTL,
+		OptIn:   "a blob lease lasts at least 15 s, so its runs are 15× as long: its column takes about 15 minutes (dlock verify matrix --stores azblob)",
+		MayFail: map[string]string{"kill": "Azurite keeps its metadata in memory and saves it every 5 s, and forgets its leases when it restarts: a kill -9 of the emulator can lose recent fences and grants (the emulator's weakness, not Azure's)"},
+		Start:   func(h *testservers.Harness, seed uint64) verify.Target { return startAzblob(h, seed) }},
 }
 
 // Options bounds a matrix run.
@@ -183,7 +219,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}
 	}
 	for si, s := range Stores {
-		if !pick(o.Stores, s.Name) {
+		if !pick(o.Stores, s.Name) || (s.OptIn != "" && len(o.Stores) == 0) {
 			continue
 		}
 		rep.Stores = append(rep.Stores, s)
@@ -245,8 +281,9 @@ func runStore(ctx context.Context, o Options, rep *Report, s Store, si uint64, f
 					break
 				}
 			}
+			ttl, dur := s.runTTL(o)
 			cfg := verify.Config{
-				Faults: f, Duration: o.Duration, Clients: o.Clients, Keys: o.Keys, TTL: o.TTL,
+				Faults: f, Duration: dur, Clients: o.Clients, Keys: o.Keys, TTL: ttl,
 				Seed: o.Seed + si*100 + uint64(fi)*10 + uint64(r) + 1, Logf: o.Logf,
 			}
 			res, err := verify.Run(ctx, cfg, target)

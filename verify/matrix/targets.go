@@ -64,10 +64,14 @@ func waitGone(pid int, limit time.Duration) {
 
 // dlockdCluster is dlockd on n real processes (servertest.StartCluster),
 // fsync on; its clients reach each member through the member's API proxy,
-// and every Raft link runs through a proxy too.
+// and every Raft link runs through a proxy too. With one node it takes
+// restart-lossy (Checkpoint, RestartFromCheckpoint: the node's --data
+// directory rolled back); dlockdSet hides those methods from bigger
+// clusters.
 type dlockdCluster struct {
 	base
-	c *servertest.Cluster
+	c     *servertest.Cluster
+	lossy *lossyDir // node 0's data directory; nil when n > 1
 }
 
 func startDlockd(h *testservers.Harness, n int, seed uint64) *dlockdCluster {
@@ -80,7 +84,11 @@ func startDlockd(h *testservers.Harness, n int, seed uint64) *dlockdCluster {
 	if n > 1 {
 		name = fmt.Sprintf("dlockd%d", n)
 	}
-	return &dlockdCluster{base: base{name: name, url: c.URL(), links: links}, c: c}
+	d := &dlockdCluster{base: base{name: name, url: c.URL(), links: links}, c: c}
+	if n == 1 {
+		d.lossy = newLossyDir(h, c.Node(0).DataDir)
+	}
+	return d
 }
 
 func (d *dlockdCluster) Members() int { return d.c.N() }
@@ -94,13 +102,57 @@ func (d *dlockdCluster) KillMember(_ context.Context, i int) error    { return d
 func (d *dlockdCluster) RestartMember(_ context.Context, i int) error { return d.c.Restart(i) }
 func (d *dlockdCluster) PauseMember(i int) error                      { return d.c.Pause(i) }
 func (d *dlockdCluster) ResumeMember(i int) error                     { return d.c.Resume(i) }
+func (d *dlockdCluster) cluster() *servertest.Cluster                 { return d.c }
+
+// Checkpoint copies the one node's data directory (its Raft log, stable
+// store and snapshots) while the process is stopped: see lossyDir. It
+// fails on a cluster of more than one node.
+func (d *dlockdCluster) Checkpoint(context.Context) error {
+	if d.lossy == nil {
+		return errors.New("restart-lossy needs a one-node dlockd")
+	}
+	return d.lossy.checkpoint(d.c.Node(0).PID())
+}
+
+// RestartFromCheckpoint kills the node -9 (waiting until it is reaped),
+// puts the checkpoint's copy in place of its data directory, and starts
+// it again on it; the clients' links are cut, as the dead process's
+// connections would hang on the proxy.
+func (d *dlockdCluster) RestartFromCheckpoint(context.Context) error {
+	if d.lossy == nil {
+		return errors.New("restart-lossy needs a one-node dlockd")
+	}
+	if err := d.c.Kill(0); err != nil {
+		return err
+	}
+	if err := d.lossy.restore(); err != nil {
+		return err
+	}
+	err := d.c.Restart(0)
+	d.cutAll()
+	return err
+}
 
 // dlockdSet is the 3- or 5-node cluster, which can also be partitioned.
-type dlockdSet struct{ *dlockdCluster }
+// It holds the cluster as a dlockdMembers, not a *dlockdCluster, so that
+// it lacks Checkpoint and RestartFromCheckpoint: restart-lossy is n/a on
+// it. Rolling back one member's disk while the others keep theirs is
+// another experiment than one store's lying fsync (the member rejoins a
+// majority that still has the writes it lost), and rolling back all of
+// them at one instant is not what a lying disk does either.
+type dlockdSet struct{ dlockdMembers }
 
-func (d dlockdSet) Partition(groups ...[]int) error { d.c.Partition(groups...); return nil }
-func (d dlockdSet) Isolate(i int) error             { d.c.Isolate(i); return nil }
-func (d dlockdSet) Heal() error                     { d.c.Heal(); return nil }
+// dlockdMembers is what dlockdSet takes from *dlockdCluster.
+type dlockdMembers interface {
+	verify.Target
+	verify.Linked
+	verify.Cluster
+	cluster() *servertest.Cluster
+}
+
+func (d dlockdSet) Partition(groups ...[]int) error { d.cluster().Partition(groups...); return nil }
+func (d dlockdSet) Isolate(i int) error             { d.cluster().Isolate(i); return nil }
+func (d dlockdSet) Heal() error                     { d.cluster().Heal(); return nil }
 
 // redisTarget is one redis-server (AOF, appendfsync everysec) behind a
 // proxy. Its lossy restart deletes the AOF first: Redis without
@@ -245,16 +297,20 @@ func (t *redlockTarget) RestartFromCheckpoint(ctx context.Context) error {
 	return t.RestartMember(ctx, 0)
 }
 
-// etcdTarget is one etcd behind a proxy.
+// etcdTarget is one etcd behind a proxy. Its lossy restart rolls its
+// --data-dir (WAL, snapshots, the bbolt backend) back to the checkpoint.
+// The data dir is on tmpfs (see testservers.StartEtcd), where fsync is
+// free but kill -9 loses nothing: only the rollback loses writes.
 type etcdTarget struct {
 	base
-	e *testservers.Etcd
+	e     *testservers.Etcd
+	lossy *lossyDir
 }
 
 func startEtcd(h *testservers.Harness, seed uint64) *etcdTarget {
 	e := testservers.StartEtcd(h)
 	links, hosts := proxied(h, seed, e.Addr())
-	return &etcdTarget{base: base{name: "etcd", url: "etcd://" + hosts, links: links}, e: e}
+	return &etcdTarget{base: base{name: "etcd", url: "etcd://" + hosts, links: links}, e: e, lossy: newLossyDir(h, e.DataDir())}
 }
 
 func (t *etcdTarget) Kill(context.Context) error {
@@ -270,6 +326,23 @@ func (t *etcdTarget) Restart(context.Context) error {
 	err := t.e.Start()
 	t.cutAll()
 	return err
+}
+
+// Checkpoint copies etcd's data dir while the process is stopped (see
+// lossyDir).
+func (t *etcdTarget) Checkpoint(context.Context) error { return t.lossy.checkpoint(t.e.PID()) }
+
+// RestartFromCheckpoint kills etcd -9, waits until it is gone, puts the
+// checkpoint in place of its data dir, starts it on it and cuts the
+// clients' links.
+func (t *etcdTarget) RestartFromCheckpoint(ctx context.Context) error {
+	if err := t.Kill(ctx); err != nil {
+		return err
+	}
+	if err := t.lossy.restore(); err != nil {
+		return err
+	}
+	return t.Restart(ctx)
 }
 
 // etcdCluster is a 3-member etcd cluster; its peer links are direct, so it
@@ -308,16 +381,30 @@ func (t *etcdCluster) RestartMember(_ context.Context, i int) error {
 func (t *etcdCluster) PauseMember(i int) error  { return syscall.Kill(t.c.PID(i), syscall.SIGSTOP) }
 func (t *etcdCluster) ResumeMember(i int) error { return syscall.Kill(t.c.PID(i), syscall.SIGCONT) }
 
-// zkTarget is one ZooKeeper behind a proxy.
+// zkTarget is one ZooKeeper behind a proxy. Its lossy restart rolls its
+// dataDir (snapshots and transaction log) back to the checkpoint. The test
+// server runs with forceSync=no (see testservers.StartZooKeeper): it
+// acknowledges writes it has not fsynced, so on this server the rollback is
+// not only a lying disk's loss but what any power cut could do; under
+// kill -9 alone it loses nothing (the page cache survives the process).
+//
+// What the rolled-back server does: it refuses every client whose last
+// seen zxid is ahead of its own ("Refusing session request ... as it has
+// seen zxid", CLIENT_ZXID_AHEAD), until writes of other clients carry its
+// zxid past it; a new client is served, and gets the lost zxids again as
+// fences. The verifier's clients all saw the lost zxids, so a run sees the
+// store refuse them to its end (no grant after the first restart), not
+// the reused fences.
 type zkTarget struct {
 	base
-	z *testservers.ZooKeeper
+	z     *testservers.ZooKeeper
+	lossy *lossyDir
 }
 
 func startZooKeeper(h *testservers.Harness, seed uint64) *zkTarget {
 	z := testservers.StartZooKeeper(h)
 	links, hosts := proxied(h, seed, z.Addr())
-	return &zkTarget{base: base{name: "zookeeper", url: "zk://" + hosts + "/dlock", links: links}, z: z}
+	return &zkTarget{base: base{name: "zookeeper", url: "zk://" + hosts + "/dlock", links: links}, z: z, lossy: newLossyDir(h, z.DataDir())}
 }
 
 func (t *zkTarget) Kill(context.Context) error {
@@ -333,6 +420,23 @@ func (t *zkTarget) Restart(context.Context) error {
 	err := t.z.Start()
 	t.cutAll()
 	return err
+}
+
+// Checkpoint copies ZooKeeper's dataDir while the JVM is stopped (see
+// lossyDir).
+func (t *zkTarget) Checkpoint(context.Context) error { return t.lossy.checkpoint(t.z.PID()) }
+
+// RestartFromCheckpoint kills ZooKeeper -9, waits until it is gone, puts
+// the checkpoint in place of its dataDir, starts it on it and cuts the
+// clients' links.
+func (t *zkTarget) RestartFromCheckpoint(ctx context.Context) error {
+	if err := t.Kill(ctx); err != nil {
+		return err
+	}
+	if err := t.lossy.restore(); err != nil {
+		return err
+	}
+	return t.Restart(ctx)
 }
 
 // pgTarget is one PostgreSQL behind a proxy.
@@ -357,6 +461,7 @@ func (t *pgTarget) Restart(context.Context) error {
 
 var (
 	_ verify.Cluster        = (*dlockdCluster)(nil)
+	_ verify.LossyRestarter = (*dlockdCluster)(nil)
 	_ verify.Partitioner    = dlockdSet{}
 	_ verify.Killer         = (*redisTarget)(nil)
 	_ verify.LossyRestarter = (*redisTarget)(nil)
@@ -365,7 +470,9 @@ var (
 	_ verify.LossyRestarter = (*redlockTarget)(nil)
 	_ verify.Cluster        = (*etcdCluster)(nil)
 	_ verify.Killer         = (*etcdTarget)(nil)
+	_ verify.LossyRestarter = (*etcdTarget)(nil)
 	_ verify.Killer         = (*zkTarget)(nil)
+	_ verify.LossyRestarter = (*zkTarget)(nil)
 	_ verify.Killer         = (*pgTarget)(nil)
 	_ verify.Linked         = (*base)(nil)
 )
