@@ -16,7 +16,11 @@ import (
 	"github.com/dlock-dev/dlock/internal/testservers"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// ignoreOpenCensus: fake-gcs-server, which the dlock CLI links (through
+// verify/matrix's gcs target), starts opencensus's view worker in an init.
+var ignoreOpenCensus = goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start")
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, ignoreOpenCensus) }
 
 // suiteTTL is the TTL of the suite's expiry subtests.
 const suiteTTL = time.Second

@@ -14,7 +14,11 @@ import (
 	"github.com/dlock-dev/dlock/internal/testservers"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// ignoreOpenCensus: fake-gcs-server, which the dlock CLI links (through
+// verify/matrix's gcs target), starts opencensus's view worker in an init.
+var ignoreOpenCensus = goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start")
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, ignoreOpenCensus) }
 
 // TestConformance runs the dlock conformance suite against a real Consul
 // v1.16.0 server (Raft on disk, so a restart keeps keys and indexes), each

@@ -14,11 +14,15 @@ import (
 	"github.com/dlock-dev/dlock/internal/testservers"
 )
 
+// ignoreOpenCensus: fake-gcs-server, which the dlock CLI links (through
+// verify/matrix's gcs target), starts opencensus's view worker in an init.
+var ignoreOpenCensus = goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start")
+
 func TestMain(m *testing.M) {
 	// dynalite accepts any credentials: the SDK's chain finds these in
 	// the environment, and never goes on to instance metadata.
 	testservers.SetDynaliteEnv()
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, ignoreOpenCensus)
 }
 
 // TestConformance runs the dlock conformance suite against dynalite (its
