@@ -87,6 +87,10 @@ dlock verify matrix runs every store × fault and writes docs/GUARANTEES.md.`,
 				}
 				defer closeStore()
 				target = t
+				if t2, d2 := matrix.RunTTL(g.store, ttl, duration); t2 != ttl {
+					fmt.Fprintf(g.stderr, "verify: %s takes TTLs of at least %v: TTL %v, run %v\n", g.store, t2, t2, d2)
+					ttl, duration = t2, d2
+				}
 			}
 			defer target.Close()
 			res, err := verify.Run(ctx, verify.Config{

@@ -62,3 +62,23 @@ func TestUpdateChoosing(t *testing.T) {
 		t.Errorf("a file without the block was changed: %q", b)
 	}
 }
+
+// TestRunTTL: the CLI's single runs get a managed store's minimum TTL (gcs:
+// 3 s, the run scaled with it); other stores and unknown names keep theirs.
+func TestRunTTL(t *testing.T) {
+	for _, c := range []struct {
+		name             string
+		ttl, d           time.Duration
+		wantTTL, wantDur time.Duration
+	}{
+		{"gcs", time.Second, 12 * time.Second, 3 * time.Second, 36 * time.Second},
+		{"gcs", 5 * time.Second, 12 * time.Second, 5 * time.Second, 12 * time.Second},
+		{"redis", time.Second, 12 * time.Second, time.Second, 12 * time.Second},
+		{"no-such-store", time.Second, 12 * time.Second, time.Second, 12 * time.Second},
+	} {
+		ttl, d := RunTTL(c.name, c.ttl, c.d)
+		if ttl != c.wantTTL || d != c.wantDur {
+			t.Errorf("RunTTL(%s, %v, %v) = %v, %v; want %v, %v", c.name, c.ttl, c.d, ttl, d, c.wantTTL, c.wantDur)
+		}
+	}
+}

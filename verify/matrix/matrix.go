@@ -73,6 +73,19 @@ func (s Store) runTTL(o Options) (ttl, d time.Duration) {
 	return s.TTL, time.Duration(float64(o.Duration) * float64(s.TTL) / float64(o.TTL))
 }
 
+// RunTTL returns the TTL and duration a run on the managed store name
+// uses when asked for ttl and d: the store's own minimum TTL when it is
+// longer than ttl, with d scaled by the same factor (see Store.TTL); ttl
+// and d unchanged for a store without one, or not in Stores.
+func RunTTL(name string, ttl, d time.Duration) (time.Duration, time.Duration) {
+	for _, s := range Stores {
+		if s.Name == name {
+			return s.runTTL(Options{TTL: ttl, Duration: d})
+		}
+	}
+	return ttl, d
+}
+
 // Stores is the grid's stores, in report order.
 var Stores = []Store{
 	{Name: "dlockd", Doc: "one dlockd process, fsync on", Short: []string{"kill"},
