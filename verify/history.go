@@ -85,8 +85,10 @@ type recorder struct {
 	writes   []Write
 	attempts []Attempt
 	faults   []FaultSpan
-	// lastGrant is when the latest successful acquisition completed.
+	// lastGrant is when the latest successful acquisition completed;
+	// granted, when not nil, is closed by the next one (waitGrant).
 	lastGrant time.Duration
+	granted   chan struct{}
 }
 
 func newRecorder() *recorder { return &recorder{ops: historytest.NewRecorder()} }
@@ -110,6 +112,10 @@ func (r *recorder) attempt(a Attempt) {
 	r.attempts = append(r.attempts, a)
 	if a.Err == "" {
 		r.lastGrant = max(r.lastGrant, a.Complete)
+		if r.granted != nil {
+			close(r.granted) // wake waitGrant
+			r.granted = nil
+		}
 	}
 	r.mu.Unlock()
 }
@@ -117,23 +123,25 @@ func (r *recorder) attempt(a Attempt) {
 // waitGrant returns once an acquisition that completed after since was
 // recorded, or when ctx ends or limit passes; it reports whether one was.
 func (r *recorder) waitGrant(ctx context.Context, since, limit time.Duration) bool {
-	t := time.NewTicker(2 * time.Millisecond)
-	defer t.Stop()
-	deadline := time.Now().Add(limit)
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
 	for {
 		r.mu.Lock()
 		got := r.lastGrant > since
+		if r.granted == nil {
+			r.granted = make(chan struct{})
+		}
+		ch := r.granted
 		r.mu.Unlock()
 		if got {
 			return true
 		}
-		if time.Now().After(deadline) {
-			return false
-		}
 		select {
+		case <-ch:
 		case <-ctx.Done():
 			return false
-		case <-t.C:
+		case <-timer.C:
+			return false
 		}
 	}
 }

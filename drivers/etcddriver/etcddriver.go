@@ -664,7 +664,11 @@ func (d *Driver) putEntry(ctx context.Context, ttl time.Duration, k, val string,
 		// the transaction (shared with concurrent callers), so it costs
 		// no round trip of its own.
 		kept := make(chan error, 1)
-		go func() { kept <- sl.keepAliveSince(ctx, start) }()
+		if sl.confirmedSince(start) {
+			kept <- nil // a fresh lease: its grant was sent after start
+		} else {
+			go func() { kept <- sl.keepAlive(ctx) }()
+		}
 		resp, err := d.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
 			Then(read, clientv3.OpPut(k, val, clientv3.WithLease(sl.id))).

@@ -239,17 +239,13 @@ func (s *sharedLease) keepAlive(ctx context.Context) error {
 	}
 }
 
-// keepAliveSince is keepAlive, except that it returns nil at once when a
-// keepalive (or the lease's grant) sent at or after t was confirmed
-// already: etcd then keeps the lease at least its TTL from t.
-func (s *sharedLease) keepAliveSince(ctx context.Context, t time.Time) error {
+// confirmedSince reports whether a keepalive (or the lease's grant) sent
+// at or after t was confirmed already: etcd then keeps the lease at least
+// its TTL from t.
+func (s *sharedLease) confirmedSince(t time.Time) bool {
 	s.kmu.Lock()
-	ok := !s.confirmed.Before(t)
-	s.kmu.Unlock()
-	if ok {
-		return nil
-	}
-	return s.keepAlive(ctx)
+	defer s.kmu.Unlock()
+	return !s.confirmed.Before(t)
 }
 
 // send sends the pending keepalive batches, one after the other, until

@@ -86,21 +86,8 @@ func StartZooKeeperEnsemble(t TB, n int, o ZooKeeperEnsembleOptions) *ZooKeeperE
 			}
 			fmt.Fprintf(&servers, "server.%d=%s:%s:%s\n", p.id, qh, qp, ep)
 		}
-		cfg := fmt.Sprintf(`tickTime=200
-initLimit=10
-syncLimit=5
-dataDir=%s
-clientPort=%d
-clientPortAddress=127.0.0.1
-admin.enableServer=false
-minSessionTimeout=400
-maxSessionTimeout=60000
-4lw.commands.whitelist=ruok,srvr
-maxClientCnxns=0
-forceSync=no
-standaloneEnabled=false
-reconfigEnabled=false
-%s`, filepath.Join(m.dir, "data"), m.client, servers.String())
+		cfg := fmt.Sprintf("%sinitLimit=10\nsyncLimit=5\nstandaloneEnabled=false\nreconfigEnabled=false\ndataDir=%s\nclientPort=%d\n%s",
+			zkBaseConfig, filepath.Join(m.dir, "data"), m.client, servers.String())
 		if err := os.WriteFile(m.cfgPath, []byte(cfg), 0o644); err != nil {
 			t.Fatalf("testservers: %v", err)
 		}

@@ -21,6 +21,19 @@ type ZooKeeper struct {
 	zkProc
 }
 
+// zkBaseConfig is the zoo.cfg every test server and ensemble member
+// shares: tickTime 200 ms (sessions as short as 400 ms), loopback only,
+// the srvr command for readiness, and forceSync=no (see StartZooKeeper).
+const zkBaseConfig = `tickTime=200
+clientPortAddress=127.0.0.1
+admin.enableServer=false
+minSessionTimeout=400
+maxSessionTimeout=60000
+4lw.commands.whitelist=ruok,srvr
+maxClientCnxns=0
+forceSync=no
+`
+
 // zkProc is one ZooKeeper JVM: how to start it and the running process.
 // StartZooKeeper's server and each member of a ZooKeeperEnsemble have one.
 type zkProc struct {
@@ -116,17 +129,7 @@ func StartZooKeeper(t TB) *ZooKeeper {
 	if err := os.MkdirAll(dataDir, 0o755); err != nil {
 		t.Fatalf("testservers: %v", err)
 	}
-	cfg := fmt.Sprintf(`tickTime=200
-dataDir=%s
-clientPort=%d
-clientPortAddress=127.0.0.1
-admin.enableServer=false
-minSessionTimeout=400
-maxSessionTimeout=60000
-4lw.commands.whitelist=ruok,srvr
-maxClientCnxns=0
-forceSync=no
-`, dataDir, z.port)
+	cfg := fmt.Sprintf("%sdataDir=%s\nclientPort=%d\n", zkBaseConfig, dataDir, z.port)
 	if err := os.WriteFile(z.cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatalf("testservers: %v", err)
 	}

@@ -44,6 +44,13 @@ func (b *base) URL() string              { return b.url }
 func (b *base) Links() []*netproxy.Proxy { return b.links }
 func (b *base) Close() error             { return nil } // the harness stops everything
 func (b *base) cutAll()                  { cutLinks(b.links) }
+
+// restarted is a Restart's tail: start's error, after the clients' links
+// are cut (connections to the dead process would hang on the proxy).
+func (b *base) restarted(err error) error {
+	b.cutAll()
+	return err
+}
 func cutLinks(ps []*netproxy.Proxy) {
 	for _, p := range ps {
 		p.Cut()
@@ -170,9 +177,7 @@ func startRedis(h *testservers.Harness, seed uint64) *redisTarget {
 
 func (t *redisTarget) Kill(context.Context) error { t.r.Kill(); return nil }
 func (t *redisTarget) Restart(context.Context) error {
-	err := t.r.Start()
-	t.cutAll() // connections to the dead process would hang on the proxy
-	return err
+	return t.restarted(t.r.Start())
 }
 func (t *redisTarget) Checkpoint(context.Context) error { return nil }
 func (t *redisTarget) RestartFromCheckpoint(ctx context.Context) error {
@@ -323,9 +328,7 @@ func (t *etcdTarget) Kill(context.Context) error {
 	return nil
 }
 func (t *etcdTarget) Restart(context.Context) error {
-	err := t.e.Start()
-	t.cutAll()
-	return err
+	return t.restarted(t.e.Start())
 }
 
 // Checkpoint copies etcd's data dir while the process is stopped (see
@@ -417,9 +420,7 @@ func (t *zkTarget) Kill(context.Context) error {
 	return nil
 }
 func (t *zkTarget) Restart(context.Context) error {
-	err := t.z.Start()
-	t.cutAll()
-	return err
+	return t.restarted(t.z.Start())
 }
 
 // Checkpoint copies ZooKeeper's dataDir while the JVM is stopped (see
@@ -454,9 +455,7 @@ func startPostgres(h *testservers.Harness, seed uint64) *pgTarget {
 
 func (t *pgTarget) Kill(context.Context) error { t.p.Kill(); return nil }
 func (t *pgTarget) Restart(context.Context) error {
-	err := t.p.Start()
-	t.cutAll()
-	return err
+	return t.restarted(t.p.Start())
 }
 
 var (

@@ -58,9 +58,7 @@ func (t *consulTarget) Kill(context.Context) error { t.c.Kill(); return nil }
 // Restart implements verify.Killer: the agent again on its ports and data
 // directory, once it has a leader and its node is in the catalog.
 func (t *consulTarget) Restart(context.Context) error {
-	err := t.c.Start()
-	t.cutAll() // connections to the dead process would hang on the proxy
-	return err
+	return t.restarted(t.c.Start())
 }
 
 // dynamoTarget is dynalite (DynamoDB's API on LevelDB) behind a proxy.
@@ -102,9 +100,7 @@ func (t *dynamoTarget) Kill(context.Context) error { t.d.Kill(); return nil }
 // Restart implements verify.Killer: dynalite again on its port and
 // LevelDB directory, once it answers ListTables.
 func (t *dynamoTarget) Restart(context.Context) error {
-	err := t.d.Start()
-	t.cutAll()
-	return err
+	return t.restarted(t.d.Start())
 }
 
 // gcsTarget is fake-gcs-server inside the verifier's process, behind a
@@ -172,9 +168,7 @@ func (t *azblobTarget) Kill(context.Context) error { t.a.Kill(); return nil }
 // Restart implements verify.Killer: azurite-blob again on its port and
 // data directory, once it answers HTTP.
 func (t *azblobTarget) Restart(context.Context) error {
-	err := t.a.Start()
-	t.cutAll()
-	return err
+	return t.restarted(t.a.Start())
 }
 
 var (
