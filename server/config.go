@@ -84,6 +84,13 @@ type Config struct {
 	// so that a test can put a proxy on each node-to-node link and a
 	// partition cuts forwarding too. TLS still verifies the peer as K.
 	RaftDialRewrite map[string]string
+	// TestClockOffsetFile is for tests only: the lease clock (the
+	// countdowns of grants, claims and lock-delays, see Expiry in the
+	// package doc) reads this process's monotonic clock plus the offset the
+	// file holds, a Go duration ("2s"), re-read every 10 ms. A fault
+	// injector writes it to make this node's clock jump (dlock verify's
+	// store-clock-jump). A missing file is an offset of 0.
+	TestClockOffsetFile string
 
 	// API TLS (issue 12).
 	// TLSCertFile and TLSKeyFile are the certificate (chain) and key (PEM)
@@ -521,6 +528,8 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.AuditLogMaxFiles, "audit-log-max-files", c.AuditLogMaxFiles, "rotated audit log files kept")
 	fs.Var(rewriteFlag{&c.RaftDialRewrite}, "test-raft-dial-rewrite", "tests only: when Raft dials K, dial V instead (K=V,...)")
 	_ = fs.MarkHidden("test-raft-dial-rewrite")
+	fs.StringVar(&c.TestClockOffsetFile, "test-clock-offset-file", c.TestClockOffsetFile, "tests only: the lease clock adds the Go duration this file holds (re-read every 10 ms) to the monotonic clock")
+	_ = fs.MarkHidden("test-clock-offset-file")
 	fs.IntVar(&c.MaxWaitersPerKey, "max-waiters-per-key", c.MaxWaitersPerKey, "queue length limit per key")
 	fs.IntVar(&c.MaxLeases, "max-leases", c.MaxLeases, "held keys limit of the server")
 	fs.IntVar(&c.MaxRequestBytes, "max-request-bytes", c.MaxRequestBytes, "request size limit, bytes")

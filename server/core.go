@@ -550,7 +550,7 @@ func (s *Server) renew(items []renewIn) ([]bool, error) {
 	if s.transferring.Load() > 0 {
 		return nil, s.notLeader("renew: leadership transfer in progress")
 	}
-	now := time.Now()
+	now := s.clock.now()
 	ok := make([]bool, len(items))
 	for i, it := range items {
 		switch s.clock.renew(it.key, it.owner, it.ttl, now) {

@@ -185,6 +185,25 @@
 // scenarios of server/clustertest (a leader cut off from both followers, a
 // paused old leader) test steps 3 and 5.
 //
+// # Clocks
+//
+// No clock is compared across machines, but the argument above needs one
+// thing of the leader's monotonic clock: that it runs at the rate of each
+// client's, within the drift the client subtracts (1% of the TTL + 2 ms by
+// default). A leader whose clock runs fast, or jumps forward (a hypervisor
+// that moves CLOCK_MONOTONIC on resume, a broken TSC), ends grants early:
+// it expires a grant, hands the key to the next waiter and pushes the loss
+// to the holder (which cancels its lease's context), but a holder in the
+// middle of a write can still finish it. Fences still grow, so a resource
+// that checks them (package fence) refuses the old holder. A follower's
+// clock does not matter until it leads, and then every countdown restarts
+// in full. A clock that runs slow makes expiry late, never early.
+//
+// dlock verify measures this with its store-clock-jump fault: dlockd's
+// hidden --test-clock-offset-file (Config.TestClockOffsetFile, tests only)
+// adds an offset, re-read every 10 ms, to the lease clock of one node, and
+// the verifier moves the leader's 2 TTLs forward (docs/GUARANTEES.md).
+//
 // # Suspect leases
 //
 // Restarting every countdown in full on each new leader is safe, but if

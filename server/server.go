@@ -45,6 +45,7 @@ type Server struct {
 
 	fsm         *fsm
 	clock       *leaseClock
+	offset      *clockOffset // Config.TestClockOffsetFile; nil without
 	waits       waitRegistry
 	waitTimes   waitTimes // when each queue entry was applied here (waittimes.go; the dashboard, the wait histogram)
 	sessions    sessionHub
@@ -111,10 +112,20 @@ func New(cfg Config) (*Server, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	now := time.Now
+	var offset *clockOffset
+	if cfg.TestClockOffsetFile != "" {
+		offset = &clockOffset{path: cfg.TestClockOffsetFile}
+		if _, _, err := offset.read(); err != nil {
+			return nil, fmt.Errorf("dlockd: TestClockOffsetFile: %w", err)
+		}
+		now = offset.now
+	}
 	s := &Server{
 		cfg:      cfg,
 		log:      log,
-		clock:    newLeaseClock(time.Now, cfg.ClaimWindow),
+		clock:    newLeaseClock(now, cfg.ClaimWindow),
+		offset:   offset,
 		closing:  make(chan struct{}),
 		stopCh:   make(chan struct{}),
 		stopDone: make(chan struct{}),
@@ -328,6 +339,10 @@ func (s *Server) Start() (err error) {
 	go s.leadershipLoop()
 	go s.expireLoop()
 	go s.memberLoop()
+	if s.offset != nil {
+		s.loops.Add(1)
+		go s.clockOffsetLoop(s.offset)
+	}
 	if joining {
 		s.loops.Add(1)
 		go s.joinLoop()
@@ -618,7 +633,7 @@ func (s *Server) expireLoop() {
 	for {
 		wait := time.Hour
 		if s.ready.Load() {
-			now := time.Now()
+			now := s.clock.now()
 			fs, next := s.clock.takeExpired(now, 1024)
 			term, gs, gnext := s.clock.takeGrace(now, 1024)
 			if len(gs) > 0 {
@@ -634,7 +649,7 @@ func (s *Server) expireLoop() {
 				next = gnext
 			}
 			if !next.IsZero() {
-				wait = max(time.Until(next), 0)
+				wait = max(next.Sub(s.clock.now()), 0)
 			}
 		}
 		timer.Reset(wait)

@@ -29,6 +29,7 @@ const (
 type brokenDriver struct {
 	driver.Driver
 	kind brokenKind
+	host string
 
 	mu   sync.Mutex
 	next uint64
@@ -37,7 +38,7 @@ type brokenDriver struct {
 func (b *brokenDriver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
 	g, err := b.Driver.TryAcquire(ctx, req)
 	switch {
-	case b.kind == grantsTwice && errors.Is(err, driver.ErrNotAcquired):
+	case errors.Is(err, driver.ErrNotAcquired) && (b.kind == grantsTwice || takeJump(b.host)):
 		b.mu.Lock()
 		b.next++
 		g, err = driver.Grant{Fence: 1<<30 + b.next}, nil
@@ -63,14 +64,28 @@ func (b *brokenDriver) Renew(ctx context.Context, key, owner string, ttl time.Du
 var (
 	brokenMu    sync.Mutex
 	brokenKinds = map[string]brokenKind{}
+	// brokenJumps counts, per store, the held keys its jumped clock lets it
+	// grant again (jumpTarget).
+	brokenJumps = map[string]int{}
 )
+
+// takeJump uses up one early grant of host's jumped clock, if any is left.
+func takeJump(host string) bool {
+	brokenMu.Lock()
+	defer brokenMu.Unlock()
+	if brokenJumps[host] > 0 {
+		brokenJumps[host]--
+		return true
+	}
+	return false
+}
 
 func init() {
 	driver.Register("broken", func(ctx context.Context, u *url.URL) (driver.Driver, error) {
 		brokenMu.Lock()
 		kind := brokenKinds[u.Host]
 		brokenMu.Unlock()
-		return &brokenDriver{Driver: memdriver.New(memdriver.Named("broken-" + u.Host)), kind: kind}, nil
+		return &brokenDriver{Driver: memdriver.New(memdriver.Named("broken-" + u.Host)), kind: kind, host: u.Host}, nil
 	})
 }
 
@@ -81,15 +96,36 @@ func (t brokenTarget) Name() string { return "broken" }
 func (t brokenTarget) URL() string  { return "broken://" + t.host }
 func (t brokenTarget) Close() error { return nil }
 
+// jumpTarget is a broken store whose clock the verifier can move: after
+// each jump it grants a held key again once, as a store whose expiry clock
+// leapt past its grants' deadlines would.
+type jumpTarget struct{ brokenTarget }
+
+func (t jumpTarget) JumpClock(_ context.Context, d time.Duration) (string, error) {
+	brokenMu.Lock()
+	brokenJumps[t.host]++
+	brokenMu.Unlock()
+	return "the store", nil
+}
+
 func runBroken(t *testing.T, kind brokenKind, faults string) *Result {
+	t.Helper()
+	return runBrokenOn(t, kind, faults, false)
+}
+
+func runBrokenOn(t *testing.T, kind brokenKind, faults string, jumps bool) *Result {
 	t.Helper()
 	host := strings.NewReplacer("/", "-", "_", "-").Replace(strings.ToLower(t.Name()))
 	brokenMu.Lock()
 	brokenKinds[host] = kind
 	brokenMu.Unlock()
+	var target Target = brokenTarget{host: host}
+	if jumps {
+		target = jumpTarget{brokenTarget{host: host}}
+	}
 	res, err := Run(context.Background(), Config{
 		Faults: faults, Duration: 4 * time.Second, TTL: 250 * time.Millisecond, Clients: 4, Keys: 1, Seed: 7, Dir: t.TempDir(),
-	}, brokenTarget{host: host})
+	}, target)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,10 +210,24 @@ func TestRun_ClockJumpOnCorrectStoreIsFenced(t *testing.T) {
 	}
 }
 
+// A store whose clock jumps and which then grants held keys again is
+// caught granting early: the grant came while its holder still counted on
+// its lease.
+func TestRun_CatchesStoreClockJump(t *testing.T) {
+	f := runBrokenOn(t, correct, "store-clock-jump", true).Findings
+	if f.EarlyGrants == 0 || !f.Unsafe() {
+		t.Fatalf("a store granting held keys after its clock jumped was not caught: early grants %d, %+v", f.EarlyGrants, f)
+	}
+}
+
 func TestRun_RefusesWhatTheTargetCannotDo(t *testing.T) {
 	_, err := Run(context.Background(), Config{Faults: "kill", Duration: 2 * time.Second, TTL: 100 * time.Millisecond}, brokenTarget{host: "x"})
 	if !errors.Is(err, ErrUnsupportedFault) || !errors.Is(err, errors.ErrUnsupported) {
 		t.Fatalf("kill on a store the verifier did not start: %v, want ErrUnsupportedFault", err)
+	}
+	_, err = Run(context.Background(), Config{Faults: "store-clock-jump", Duration: 2 * time.Second, TTL: 100 * time.Millisecond}, brokenTarget{host: "x"})
+	if !errors.Is(err, ErrUnsupportedFault) || !strings.Contains(err.Error(), "cannot move its clock") {
+		t.Fatalf("store-clock-jump on a store without a clock hook: %v, want ErrUnsupportedFault", err)
 	}
 	_, err = Run(context.Background(), Config{Faults: "nonsense"}, brokenTarget{host: "x"})
 	if err == nil || !strings.Contains(err.Error(), "unknown fault") {

@@ -49,6 +49,7 @@
 // (pause, clock-jump), on the client↔store links through TCP proxies the
 // verifier owns (blackhole, reply-loss) or on the store's processes
 // (kill, restart-lossy, failover, partition, leader-isolate, leader-kill,
-// leader-pause), which needs a Target that can do it: package
-// verify/matrix starts such stores.
+// leader-pause) or on the store's own clock (store-clock-jump: dlockd's
+// leader, through its test clock offset), which needs a Target that can do
+// it: package verify/matrix starts such stores.
 package verify

@@ -186,6 +186,20 @@ var faults = []fault{
 		},
 	},
 	{
+		name: "store-clock-jump", on: 1,
+		needs: func(t Target) error {
+			if _, ok := t.(ClockJumper); ok {
+				return nil
+			}
+			return errors.New("the verifier cannot move its clock")
+		},
+		doc: "the store's lease clock (a cluster's leader's) jumps 2x the TTL forward: the store ends grants whose holders still count on them",
+		inject: func(ctx context.Context, e *env) (func(context.Context) error, string, error) {
+			m, err := e.target.(ClockJumper).JumpClock(ctx, 2*e.ttl)
+			return func(context.Context) error { return nil }, m, err
+		},
+	},
+	{
 		name: "blackhole", on: 2, needs: needLinks,
 		doc: "client↔store links deliver nothing for 2x the TTL (then what was held arrives late, as TCP retransmits)",
 		inject: func(ctx context.Context, e *env) (func(context.Context) error, string, error) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/dlock-dev/dlock/internal/netproxy"
 )
@@ -71,6 +72,14 @@ type Partitioner interface {
 	Partition(groups ...[]int) error
 	Isolate(i int) error
 	Heal() error
+}
+
+// ClockJumper is a store whose lease clock the verifier can move (dlockd
+// started with --test-clock-offset-file): JumpClock moves the clock of the
+// member that ends leases (a cluster's leader; the only node of one)
+// forward by d, for good, and returns which member it moved.
+type ClockJumper interface {
+	JumpClock(ctx context.Context, d time.Duration) (member string, err error)
 }
 
 // ErrUnsupportedFault is returned by Run for a fault its target cannot

@@ -47,6 +47,9 @@ type ClusterOptions struct {
 	// LogLevel is every node's --log-level. Default "info" (leader changes,
 	// Raft's elections), kept in each node's log file.
 	LogLevel string
+	// TestClock starts every node with --test-clock-offset-file
+	// (Node.ClockOffsetFile), so that JumpClock can move its lease clock.
+	TestClock bool
 	// Args are extra flags for every node.
 	Args []string
 	// Seed seeds the proxies' random delays. Default: time-based.
@@ -100,15 +103,19 @@ type Node struct {
 	DataDir, LogPath string
 	// API is the proxy in front of the node's API.
 	API *netproxy.Proxy
+	// ClockOffsetFile is the node's --test-clock-offset-file, with
+	// ClusterOptions.TestClock ("" without); JumpClock writes it.
+	ClockOffsetFile string
 
-	c       *Cluster
-	mu      sync.Mutex
-	cmd     *exec.Cmd
-	exited  chan error
-	paused  bool
-	started bool     // started at least once (a first start takes its boot flags)
-	boot    []string // the flags of the first start: --initial-cluster or --join
-	logf    *os.File
+	c           *Cluster
+	mu          sync.Mutex
+	cmd         *exec.Cmd
+	exited      chan error
+	paused      bool
+	started     bool          // started at least once (a first start takes its boot flags)
+	boot        []string      // the flags of the first start: --initial-cluster or --join
+	clockOffset time.Duration // what ClockOffsetFile holds
+	logf        *os.File
 	// reserved holds the node's two ports (listeners opened by the kit)
 	// until its first start, so that no other process takes them in the
 	// meantime (a spare node may start minutes after StartCluster).
@@ -196,6 +203,9 @@ func startCluster(t testservers.TB, n int, opts ClusterOptions) (*Cluster, error
 			DataDir: filepath.Join(dir, fmt.Sprintf("n%d", i+1), "data"),
 			LogPath: filepath.Join(dir, fmt.Sprintf("n%d.log", i+1)),
 			c:       c,
+		}
+		if opts.TestClock {
+			nd.ClockOffsetFile = filepath.Join(dir, fmt.Sprintf("n%d.clock-offset", i+1))
 		}
 		var api, raft net.Listener
 		nd.Listen, api = reservePort(t)
@@ -360,6 +370,9 @@ func (c *Cluster) args(nd *Node) []string {
 	if len(rw) > 0 {
 		a = append(a, "--test-raft-dial-rewrite", strings.Join(rw, ","))
 	}
+	if nd.ClockOffsetFile != "" {
+		a = append(a, "--test-clock-offset-file", nd.ClockOffsetFile)
+	}
 	if !nd.started {
 		a = append(a, nd.boot...)
 	}
@@ -412,7 +425,7 @@ func (nd *Node) start() error {
 			return fmt.Errorf("servertest: start %s: %w (log: %s)", nd.ID, errPortTaken, nd.LogPath)
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("servertest: %s not serving: %w (log: %s)", nd.ID, err, nd.LogPath)
+			return fmt.Errorf("servertest: %s not serving: %w (log: %s; its last lines:\n%s)", nd.ID, err, nd.LogPath, logTail(nd.LogPath, 15))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -537,6 +550,29 @@ func (c *Cluster) WipeAndRestart(i int, boot ...string) error {
 	nd.boot = boot
 	nd.mu.Unlock()
 	return nd.start()
+}
+
+// JumpClock moves node i's lease clock forward by d (backward for a
+// negative d) from where earlier jumps left it, by rewriting its
+// --test-clock-offset-file; the node reads it within about 10 ms and the
+// shift lasts, across restarts, until another jump. It needs
+// ClusterOptions.TestClock. It returns the node's new total offset.
+func (c *Cluster) JumpClock(i int, d time.Duration) (time.Duration, error) {
+	nd := c.nodes[i]
+	if nd.ClockOffsetFile == "" {
+		return 0, fmt.Errorf("servertest: jump the clock of %s: the cluster was started without TestClock", nd.ID)
+	}
+	nd.mu.Lock()
+	defer nd.mu.Unlock()
+	nd.clockOffset += d
+	tmp := nd.ClockOffsetFile + ".tmp"
+	if err := os.WriteFile(tmp, []byte(nd.clockOffset.String()+"\n"), 0o600); err != nil {
+		return 0, fmt.Errorf("servertest: jump the clock of %s: %w", nd.ID, err)
+	}
+	if err := os.Rename(tmp, nd.ClockOffsetFile); err != nil {
+		return 0, fmt.Errorf("servertest: jump the clock of %s: %w", nd.ID, err)
+	}
+	return nd.clockOffset, nil
 }
 
 // Exited returns a channel that receives the exit error of node i's current
@@ -1044,6 +1080,18 @@ func (c *Cluster) WaitMembers(ctx context.Context, voters ...int) error {
 }
 
 // logSays reports whether the file at path contains text.
+// logTail returns the last n lines of the file at path (a node's log
+// outlives nothing: a harness removes it with its temp dir, so an error
+// carries what it said).
+func logTail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
 func logSays(path, text string) bool {
 	b, err := os.ReadFile(path)
 	return err == nil && strings.Contains(string(b), text)

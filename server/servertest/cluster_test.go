@@ -163,3 +163,48 @@ func TestCluster_DelayLinks(t *testing.T) {
 		t.Fatalf("after DelayLinks(0, 0): %s", s)
 	}
 }
+
+// TestCluster_JumpClock: JumpClock moves a node's lease clock, so a grant
+// with a minute to run ends within seconds of a 2-minute jump.
+func TestCluster_JumpClock(t *testing.T) {
+	c := servertest.StartCluster(t, 1, servertest.ClusterOptions{TestClock: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	held := func() bool {
+		for ctx.Err() == nil {
+			b, code, err := c.Do(ctx, 0, "GET", "/v1/inspect?key=k", nil)
+			if err == nil && code == 200 {
+				return strings.Contains(string(b), `"held":true`)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Fatal("inspect: no answer within 30 s")
+		return false
+	}
+	for {
+		_, code, err := c.Do(ctx, 0, "POST", "/v1/acquire", map[string]any{"key": "k", "ttl": "60s"})
+		if err == nil && code == 200 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("acquire: %d %v", code, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !held() {
+		t.Fatal("not held after the acquisition")
+	}
+	if off, err := c.JumpClock(0, 2*time.Minute); err != nil || off != 2*time.Minute {
+		t.Fatalf("JumpClock: %v %v", off, err)
+	}
+	jumped := time.Now()
+	for held() {
+		if time.Since(jumped) > 10*time.Second {
+			t.Fatal("the grant outlived a 2-minute jump of the lease clock by 10 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := servertest.StartCluster(t, 1, servertest.ClusterOptions{}).JumpClock(0, time.Second); err == nil {
+		t.Fatal("JumpClock worked on a cluster started without TestClock")
+	}
+}

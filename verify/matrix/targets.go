@@ -82,7 +82,7 @@ type dlockdCluster struct {
 }
 
 func startDlockd(h *testservers.Harness, n int, seed uint64) *dlockdCluster {
-	c := servertest.StartCluster(h, n, servertest.ClusterOptions{Sync: true, Seed: seed, LogLevel: "warn"})
+	c := servertest.StartCluster(h, n, servertest.ClusterOptions{Sync: true, Seed: seed, LogLevel: "warn", TestClock: true})
 	var links []*netproxy.Proxy
 	for i := range n {
 		links = append(links, c.Node(i).API)
@@ -110,6 +110,21 @@ func (d *dlockdCluster) RestartMember(_ context.Context, i int) error { return d
 func (d *dlockdCluster) PauseMember(i int) error                      { return d.c.Pause(i) }
 func (d *dlockdCluster) ResumeMember(i int) error                     { return d.c.Resume(i) }
 func (d *dlockdCluster) cluster() *servertest.Cluster                 { return d.c }
+
+// JumpClock moves the lease clock of the leader (of the one node) forward
+// by dt: servertest.Cluster.JumpClock.
+func (d *dlockdCluster) JumpClock(ctx context.Context, dt time.Duration) (string, error) {
+	i := 0
+	if d.c.N() > 1 {
+		l, err := d.c.Leader(ctx)
+		if err != nil {
+			return "", err
+		}
+		i = l
+	}
+	total, err := d.c.JumpClock(i, dt)
+	return fmt.Sprintf("member %d (offset now %v)", i, total), err
+}
 
 // Checkpoint copies the one node's data directory (its Raft log, stable
 // store and snapshots) while the process is stopped: see lossyDir. It
@@ -154,6 +169,7 @@ type dlockdMembers interface {
 	verify.Target
 	verify.Linked
 	verify.Cluster
+	verify.ClockJumper
 	cluster() *servertest.Cluster
 }
 
@@ -461,6 +477,7 @@ func (t *pgTarget) Restart(context.Context) error {
 var (
 	_ verify.Cluster        = (*dlockdCluster)(nil)
 	_ verify.LossyRestarter = (*dlockdCluster)(nil)
+	_ verify.ClockJumper    = (*dlockdCluster)(nil)
 	_ verify.Partitioner    = dlockdSet{}
 	_ verify.Killer         = (*redisTarget)(nil)
 	_ verify.LossyRestarter = (*redisTarget)(nil)
