@@ -34,7 +34,9 @@ const connIdleTimeout = 2 * time.Minute
 // recovery.
 func newGRPCServer(s *Server) *grpc.Server {
 	lim := s.limits()
+	codec := newRequestCodec() // a request that does not decode is INVALID_ARGUMENT, not INTERNAL (decode.go)
 	g := grpc.NewServer(
+		grpc.ForceServerCodecV2(codec),
 		grpc.MaxRecvMsgSize(s.cfg.MaxRequestBytes),
 		grpc.Creds(apiCreds{}), // the mux did the TLS handshake; this passes its state on (tls.go)
 		// Static flow-control windows: no BDP ping probing on every
@@ -73,8 +75,11 @@ func newGRPCServer(s *Server) *grpc.Server {
 		// checks a call before it forwards it.
 		// A client certificate (--tls-client-ca, tls.go) is checked just
 		// before authentication.
-		grpc.ChainUnaryInterceptor(s.metrics.unaryInterceptor, s.recoverUnary, lim.unaryInterceptor, s.requireClientCertUnary, s.authUnary, newGRPCForwarder(s).unaryInterceptor),
-		grpc.ChainStreamInterceptor(s.metrics.streamInterceptor, s.recoverStream, lim.streamInterceptor, s.requireClientCertStream, s.authStream),
+		// A request that did not decode is refused right after recovery
+		// (checkDecodedUnary); a stream's messages are checked innermost,
+		// as the handler receives them.
+		grpc.ChainUnaryInterceptor(s.metrics.unaryInterceptor, s.recoverUnary, codec.checkDecodedUnary, lim.unaryInterceptor, s.requireClientCertUnary, s.authUnary, newGRPCForwarder(s).unaryInterceptor),
+		grpc.ChainStreamInterceptor(s.metrics.streamInterceptor, s.recoverStream, lim.streamInterceptor, s.requireClientCertStream, s.authStream, codec.checkDecodedStream),
 	)
 	dlockv1.RegisterLockServer(g, &api{s: s})
 	return g

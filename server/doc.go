@@ -386,7 +386,10 @@
 // 400, FAILED_PRECONDITION 409 for a held lock, NOT_FOUND 404 for a lost
 // lease, RESOURCE_EXHAUSTED 429 or 413 for limits, UNAVAILABLE 503 when not
 // the leader or shutting down). A request is validated whole before any
-// proposal, so a malformed request never changes the state. JSON requests
+// proposal, so a malformed request never changes the state; a gRPC request
+// whose bytes do not decode as the method's message is INVALID_ARGUMENT
+// (INVALID_REQUEST), as malformed JSON is, never grpc-go's INTERNAL
+// (decode.go). JSON requests
 // ignore unknown fields, as protobuf does, for forward compatibility. A
 // panic in a handler is recovered, logged with its stack and answered
 // INTERNAL: no request can take the process down.
