@@ -77,6 +77,16 @@ func WaitTCP(addr string, timeout time.Duration) error {
 	}
 }
 
+// ChildAttr sets a's parent-death signal to SIGKILL (Linux's
+// PR_SET_PDEATHSIG) and returns it: the server dies with the process that
+// started it, even one killed -9, whose cleanups never run. (The signal
+// follows the OS thread that forked; the Go runtime keeps its threads
+// unless a goroutine exits locked to one, which nothing here does.)
+func ChildAttr(a *syscall.SysProcAttr) *syscall.SysProcAttr {
+	a.Pdeathsig = syscall.SIGKILL
+	return a
+}
+
 // Process is a server process started by a test.
 type Process struct {
 	Cmd  *exec.Cmd
@@ -84,14 +94,16 @@ type Process struct {
 }
 
 // StartProcess starts cmd in its own process group, with its output
-// appended to logPath.
+// appended to logPath. The process is killed when the process that started
+// it dies (ChildAttr), so a test binary or dlock verify killed -9 leaves no
+// server running.
 func StartProcess(cmd *exec.Cmd, logPath string) (*Process, error) {
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = ChildAttr(&syscall.SysProcAttr{Setpgid: true})
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return nil, err

@@ -339,7 +339,7 @@ func startProcessAttr(cmd *exec.Cmd, logPath string, attr *syscall.SysProcAttr) 
 		return nil, err
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = attr
+	cmd.SysProcAttr = ChildAttr(attr)
 	if err := cmd.Start(); err != nil {
 		logf.Close()
 		return nil, err

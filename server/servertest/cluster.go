@@ -407,6 +407,7 @@ func (nd *Node) start() error {
 		cmd := exec.Command(nd.c.bin, args...)
 		cmd.Stdout = nd.logf
 		cmd.Stderr = nd.logf
+		cmd.SysProcAttr = testservers.ChildAttr(&syscall.SysProcAttr{}) // dies with the test or dlock verify
 		if err := cmd.Start(); err != nil {
 			return fmt.Errorf("servertest: start %s: %w", nd.ID, err)
 		}

@@ -249,6 +249,7 @@ func (p *Process) Start() error {
 		cmd := exec.Command(p.bin, args...)
 		cmd.Stdout = p.Log
 		cmd.Stderr = p.Log
+		cmd.SysProcAttr = testservers.ChildAttr(&syscall.SysProcAttr{})
 		if err := cmd.Start(); err != nil {
 			return err
 		}
