@@ -31,10 +31,19 @@ func (w *world) knowsLeader(i int, d time.Duration) {
 	w.t.Fatalf("%s names no leader %v after its restart (last error %v)", w.c.Node(i).ID, d, last)
 }
 
-// snapshots returns the snapshot directories in node i's data dir.
+// snapshots returns the completed snapshots in node i's data dir: their
+// meta.json files. A snapshot being written is a directory named *.tmp
+// that holds a meta.json too (hashicorp/raft's file store writes it
+// first), and a node killed then restarts without it.
 func snapshots(c *servertest.Cluster, i int) []string {
 	m, _ := filepath.Glob(filepath.Join(c.Node(i).DataDir, "snapshots", "*", "meta.json"))
-	return m
+	var done []string
+	for _, p := range m {
+		if !strings.HasSuffix(filepath.Dir(p), ".tmp") {
+			done = append(done, p)
+		}
+	}
+	return done
 }
 
 // logSince returns node i's log after the last line containing marker.
