@@ -19,6 +19,7 @@ type EtcdCluster struct {
 	bin     string
 	members []*etcdMember
 	token   string
+	gates   *etcdGates // nil unless started with EtcdClusterOptions.Gated
 }
 
 // etcdMember is one member of an EtcdCluster.
@@ -33,6 +34,23 @@ type etcdMember struct {
 	proc *Process
 }
 
+// EtcdClusterOptions configures StartEtcdClusterWith. The zero value is
+// StartEtcdCluster's cluster.
+type EtcdClusterOptions struct {
+	// Gated puts a peer gate in front of each member's peer port, so that
+	// Partition, Isolate and Heal can cut the links between members: each
+	// member advertises its gate's URL (a free loopback port, fixed across
+	// Restart) as its peer URL, and the gate forwards to the member's real
+	// peer port every connection but those of members cut from it (see
+	// etcdgate.go for how a gate tells its senders apart). The gates are
+	// closed when the test ends. False: members dial each other's peer
+	// ports directly, and Partition, Isolate and Heal panic.
+	Gated bool
+
+	// gateTap, tests only: see etcdGates.tap.
+	gateTap func(to, owner int) io.Writer
+}
+
 // StartEtcdCluster starts an etcd cluster of n members (heartbeat 50 ms,
 // election timeout 500 ms, as StartEtcd) on free loopback client and peer
 // ports, waits until every member answers /health and the cluster has a
@@ -41,6 +59,14 @@ type etcdMember struct {
 // fsyncs its WAL on every write; see StartEtcd), else under t.TempDir(). A
 // missing etcd binary fails the test with the install command.
 func StartEtcdCluster(t TB, n int) *EtcdCluster {
+	t.Helper()
+	return StartEtcdClusterWith(t, n, EtcdClusterOptions{})
+}
+
+// StartEtcdClusterWith is StartEtcdCluster with options: with o.Gated,
+// the members' peer links run through gates that Partition, Isolate and
+// Heal control. A gate that cannot listen fails the test.
+func StartEtcdClusterWith(t TB, n int, o EtcdClusterOptions) *EtcdCluster {
 	t.Helper()
 	if n < 1 || n > 9 {
 		t.Fatalf("testservers: etcd cluster of %d members: want 1 to 9", n)
@@ -63,6 +89,18 @@ func StartEtcdCluster(t TB, n int) *EtcdCluster {
 			}
 		}
 		c.members = append(c.members, m)
+	}
+	if o.Gated {
+		var targets []string
+		for _, m := range c.members {
+			targets = append(targets, fmt.Sprintf("127.0.0.1:%d", m.peerPort))
+		}
+		g, err := startEtcdGates(targets, c.PID, o.gateTap)
+		if err != nil {
+			t.Fatalf("testservers: %v", err)
+		}
+		c.gates = g
+		t.Cleanup(func() { g.Close() }) // after the members stop (cleanups run last first)
 	}
 	t.Cleanup(func() {
 		for _, m := range c.members {
@@ -115,8 +153,8 @@ func (c *EtcdCluster) start(i int, state string) error {
 		return nil
 	}
 	var initial []string
-	for _, o := range c.members {
-		initial = append(initial, o.name+"="+o.peerURL())
+	for j, o := range c.members {
+		initial = append(initial, o.name+"="+c.advertisedPeerURL(j))
 	}
 	cmd := exec.Command(c.bin,
 		"--name", m.name,
@@ -124,7 +162,7 @@ func (c *EtcdCluster) start(i int, state string) error {
 		"--listen-client-urls", m.clientURL(),
 		"--advertise-client-urls", m.clientURL(),
 		"--listen-peer-urls", m.peerURL(),
-		"--initial-advertise-peer-urls", m.peerURL(),
+		"--initial-advertise-peer-urls", c.advertisedPeerURL(i),
 		"--initial-cluster", strings.Join(initial, ","),
 		"--initial-cluster-state", state,
 		"--initial-cluster-token", c.token,
@@ -138,6 +176,15 @@ func (c *EtcdCluster) start(i int, state string) error {
 	}
 	m.proc = p
 	return nil
+}
+
+// advertisedPeerURL returns the peer URL member i advertises: its gate's,
+// or its real peer port's on a cluster without gates.
+func (c *EtcdCluster) advertisedPeerURL(i int) string {
+	if c.gates != nil {
+		return c.gates.URL(i)
+	}
+	return c.members[i].peerURL()
 }
 
 // Len returns the number of members.
@@ -176,7 +223,8 @@ func (c *EtcdCluster) Kill(i int) {
 }
 
 // Restart starts member i again on its data (after Kill) and waits until
-// it answers /health.
+// it answers /health, which it does only with a leader: a member cut from
+// a majority by Partition fails it after 30 s.
 func (c *EtcdCluster) Restart(i int) error {
 	if err := c.start(i, "existing"); err != nil {
 		return err
@@ -206,4 +254,60 @@ func (c *EtcdCluster) Leader() int {
 		}
 	}
 	return -1
+}
+
+// Partition cuts both directions of every link between members of
+// different groups (indexes into the cluster, 0-based) and restores the
+// links within each group; a member in no group is cut from every other.
+// A cut link's open connections are closed at once, and its new ones
+// closed as they arrive, until Heal or a Partition that joins the two
+// members again. The client ports are not touched. It panics on a cluster
+// started without EtcdClusterOptions.Gated.
+func (c *EtcdCluster) Partition(groups ...[]int) {
+	g := c.mustGates("Partition")
+	group := make([]int, len(c.members))
+	for i := range group {
+		group[i] = -1 - i
+	}
+	for n, ms := range groups {
+		for _, i := range ms {
+			group[i] = n
+		}
+	}
+	g.partition(group)
+}
+
+// Isolate cuts member i from every other member (Partition([]int{i},
+// the rest)). It panics on a cluster started without gates.
+func (c *EtcdCluster) Isolate(i int) {
+	var rest []int
+	for j := range c.members {
+		if j != i {
+			rest = append(rest, j)
+		}
+	}
+	c.Partition([]int{i}, rest)
+}
+
+// Heal restores every link between members (Partition of one group of
+// all). It panics on a cluster started without gates.
+func (c *EtcdCluster) Heal() {
+	var all []int
+	for i := range c.members {
+		all = append(all, i)
+	}
+	c.Partition(all)
+}
+
+// Partitioned reports whether the link between members i and j is cut;
+// false on a cluster without gates.
+func (c *EtcdCluster) Partitioned(i, j int) bool {
+	return c.gates != nil && c.gates.isCut(i, j)
+}
+
+func (c *EtcdCluster) mustGates(op string) *etcdGates {
+	if c.gates == nil {
+		panic("testservers: EtcdCluster." + op + " on a cluster started without EtcdClusterOptions.Gated")
+	}
+	return c.gates
 }

@@ -137,7 +137,7 @@ func headline(b *bytes.Buffer, rep *Report) {
 		switch {
 		case c.Fault == "failover",
 			c.Verdict == UnsafeExpected, c.Verdict == Unsafe,
-			c.Store == "dlockd3" && (c.Fault == "partition" || c.Fault == "leader-isolate"),
+			(c.Store == "dlockd3" || c.Store == "etcd3" || c.Store == "zookeeper3") && (c.Fault == "partition" || c.Fault == "leader-isolate"),
 			c.Store == "etcd3" && (c.Fault == "leader-kill" || c.Fault == "leader-pause"),
 			c.Store == "redlock" && c.Fault == "partition":
 			fmt.Fprintf(b, "- %s × %s: %d double grants (%d by the store) and %d fence violations in %s; %d stale writes accepted, %d refused by fencing. Verdict: %s.\n",

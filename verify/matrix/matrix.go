@@ -111,7 +111,7 @@ var Stores = []Store{
 	{Name: "etcd", Doc: "one etcd", Short: []string{"reply-loss"},
 		MayFail: map[string]string{"restart-lossy": "a disk that lies about fsync loses acknowledged grants and revisions: etcd hands the lost revisions out again as fences, and promises nothing then (its revision survives restarts because the WAL is fsynced)"},
 		Start:   func(h *testservers.Harness, seed uint64) verify.Target { return startEtcd(h, seed) }},
-	{Name: "etcd3", Doc: "three etcd members (peer links direct: no partitions)", Short: []string{"leader-pause"},
+	{Name: "etcd3", Doc: "three etcd members, every member-to-member link through a gate that can cut it", Short: []string{"leader-pause"},
 		Start: func(h *testservers.Harness, seed uint64) verify.Target { return startEtcdCluster(h, seed) }},
 	{Name: "zookeeper", Doc: "one ZooKeeper (standalone)", Short: []string{"blackhole"},
 		MayFail: map[string]string{"restart-lossy": "a disk that lies about fsync loses acknowledged zxids: ZooKeeper refuses the clients that saw them (until its zxid passes theirs) but hands the same zxids out again as fences to new clients, and promises nothing then (the test server runs with forceSync=no, so a power cut would do the same without a lying disk)"},

@@ -364,15 +364,19 @@ func (t *etcdTarget) RestartFromCheckpoint(ctx context.Context) error {
 	return t.Restart(ctx)
 }
 
-// etcdCluster is a 3-member etcd cluster; its peer links are direct, so it
-// takes the leader's kill and pause but not partitions.
+// etcdCluster is a 3-member etcd cluster whose member-to-member links
+// run through peer gates (testservers.EtcdClusterOptions.Gated): each
+// member advertises its gate as its peer URL, and the gate closes the
+// connections of members cut from it, so the cluster takes partitions and
+// the leader's isolation besides the leader's kill and pause. Clients
+// reach each member through a proxy.
 type etcdCluster struct {
 	base
 	c *testservers.EtcdCluster
 }
 
 func startEtcdCluster(h *testservers.Harness, seed uint64) *etcdCluster {
-	c := testservers.StartEtcdCluster(h, 3)
+	c := testservers.StartEtcdClusterWith(h, 3, testservers.EtcdClusterOptions{Gated: true})
 	var addrs []string
 	for i := range c.Len() {
 		addrs = append(addrs, c.Addr(i))
@@ -399,6 +403,17 @@ func (t *etcdCluster) RestartMember(_ context.Context, i int) error {
 }
 func (t *etcdCluster) PauseMember(i int) error  { return syscall.Kill(t.c.PID(i), syscall.SIGSTOP) }
 func (t *etcdCluster) ResumeMember(i int) error { return syscall.Kill(t.c.PID(i), syscall.SIGCONT) }
+
+// Partition cuts every link between members of different groups at their
+// gates (open connections closed, new ones refused); a member in no group
+// is cut from everyone. The clients' links stay up.
+func (t *etcdCluster) Partition(groups ...[]int) error { t.c.Partition(groups...); return nil }
+
+// Isolate cuts member i from the others.
+func (t *etcdCluster) Isolate(i int) error { t.c.Isolate(i); return nil }
+
+// Heal restores every member-to-member link.
+func (t *etcdCluster) Heal() error { t.c.Heal(); return nil }
 
 // zkTarget is one ZooKeeper behind a proxy. Its lossy restart rolls its
 // dataDir (snapshots and transaction log) back to the checkpoint. The test
@@ -485,6 +500,7 @@ var (
 	_ verify.Partitioner    = (*redlockTarget)(nil)
 	_ verify.LossyRestarter = (*redlockTarget)(nil)
 	_ verify.Cluster        = (*etcdCluster)(nil)
+	_ verify.Partitioner    = (*etcdCluster)(nil)
 	_ verify.Killer         = (*etcdTarget)(nil)
 	_ verify.LossyRestarter = (*etcdTarget)(nil)
 	_ verify.Killer         = (*zkTarget)(nil)
