@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/driver"
 	"github.com/dlock-dev/dlock/internal/testservers"
 )
 
@@ -116,6 +117,32 @@ func BenchmarkContendedHandoff(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "grants/s")
 			b.ReportMetric(float64(moves.Load())/elapsed.Seconds(), "switches/s")
+		})
+	}
+}
+
+// BenchmarkWaitReplicas measures TryAcquire+Release cycles of one
+// goroutine on the driver itself against a real primary with one replica
+// on loopback, with wait_replicas off and at 1: one op is one cycle (two
+// script round trips; with wait_replicas=1 also a WAIT, after the grant,
+// that returns once the replica acknowledged it).
+func BenchmarkWaitReplicas(b *testing.B) {
+	p := testservers.StartRedis(b)
+	testservers.StartRedisReplica(b, p)
+	waitLink(b, p, 1)
+	for _, n := range []int{0, 1} {
+		b.Run(fmt.Sprintf("wait_replicas=%d", n), func(b *testing.B) {
+			d := openDriver(b, fmt.Sprintf("%s?wait_replicas=%d", p.URL(), n))
+			ctx := context.Background()
+			req := driver.AcquireRequest{Key: fmt.Sprintf("bench/wait/%d", n), Owner: "benchowner", TTL: 10 * time.Second}
+			for b.Loop() {
+				if _, err := d.TryAcquire(ctx, req); err != nil {
+					b.Fatal(err)
+				}
+				if err := d.Release(ctx, req.Key, req.Owner); err != nil {
+					b.Fatal(err)
+				}
+			}
 		})
 	}
 }

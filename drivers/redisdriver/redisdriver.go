@@ -139,9 +139,11 @@
 //     not have reached a replica when the primary fails; the promoted
 //     replica does not know the grant (a second client is granted the same
 //     key while the first still works) and may not know the latest INCR of
-//     the fence counter (the next fence repeats an earlier one). WAIT does
-//     not make this safe. Use dlockd, etcd or ZooKeeper where a failover
-//     must never grant twice.
+//     the fence counter (the next fence repeats an earlier one).
+//     Options.WaitReplicas (see Replicas and failover) narrows this to a
+//     failover that promotes a replica that had not acknowledged; it does
+//     not make Redis a consensus store. Use dlockd, etcd or ZooKeeper where
+//     a failover must never grant twice.
 //   - Fence counters are only as durable as the primary's persistence. With
 //     no persistence (no AOF, no RDB) a restart forgets every counter and
 //     fences start again at 1. With appendonly yes and appendfsync everysec
@@ -165,6 +167,57 @@
 // Redlock (N independent masters and a majority, redlock://) is a separate
 // driver with its own, different, assumptions.
 //
+// # Replicas and failover
+//
+// Options.WaitReplicas (wait_replicas=N in the URL) makes the driver send
+// Redis's WAIT N T (https://redis.io/docs/latest/commands/wait/) after
+// every script that grants or renews, on the same connection, and report
+// the grant or renewal only once N replicas have acknowledged it: every
+// grant and renewal a caller was told of is on at least N replicas (with
+// every write the primary made before it, since replication is one ordered
+// stream). So when the primary fails and one of those replicas is promoted,
+// the new primary knows each grant it acknowledged, with the grant's fence
+// and its fence counter at least that high: it does not grant that key
+// again while the grant lasts, nor issue its fence again. A grant that
+// fewer replicas acknowledged within T (WaitTimeout, 1 s by default, cut
+// short of the call's deadline) is released and reported as
+// driver.ErrUnavailable, so nobody works under a grant that a failover
+// could forget; a renewal that too few acknowledged is
+// driver.ErrUnavailable too, and the lease ends at its validity deadline
+// unless a later renewal is acknowledged. A key handed over to a queued
+// waiter by a release is reported when the waiter's claim has been
+// acknowledged. An old primary cut off from its replicas (which may now
+// follow a promoted one) cannot have its grants acknowledged, so it
+// reports none: clients still talking to it get driver.ErrUnavailable,
+// not a second grant.
+//
+// What it does not do:
+//
+//   - Redis's replication stays asynchronous for everything else, and
+//     WAIT does not make Redis a consensus store: there is no quorum and
+//     no election. A failover that promotes a replica that did not
+//     acknowledge a grant (one that lagged, was chosen by hand or by a
+//     replica-priority, or restarted without persistence since) still
+//     loses it: a second grant of the key, a fence issued again. With N
+//     below the number of replicas, the promoted replica must be the one
+//     with the greatest replication offset (Redis Sentinel picks it, among
+//     replicas of the same priority); with N equal to the number of
+//     replicas any of them will do, but one replica down stops every grant.
+//   - An acknowledgement means the replica received the write, not that
+//     it wrote it to disk (WAITAOF does that; it is not used).
+//   - Releases are not waited for: a release that a failover loses keeps
+//     the key from others until the grant's TTL passes, on the new
+//     primary's clock (which must agree with the old one's: Redis
+//     replicates expiries as absolute times).
+//   - It cannot count on a Redis Cluster or a Ring (the driver returns an
+//     error matching driver.ErrInvalidArgument there: see
+//     Options.WaitReplicas).
+//
+// The cost: one more round trip plus the replication latency per grant
+// and renewal (the acquisition time is subtracted from a lease's
+// validity, as always), a pooled connection held while WAIT blocks, and,
+// with a replica down or lagging by more than WaitTimeout, no grants.
+//
 // # Timeouts
 //
 // Every call is bounded by its context. Clients opened by URL enable
@@ -179,8 +232,9 @@
 // it can take and counts double grants, fence violations and stale writes
 // accepted: the redis and redis-failover sections of docs/GUARANTEES.md hold
 // the figures, for one server, and a primary with an asynchronous replica
-// promoted under load (where double grants and reissued fences are expected,
-// and measured). make verify regenerates them.
+// promoted under load (where, without Options.WaitReplicas, double grants
+// and reissued fences are expected, and measured). make verify regenerates
+// them.
 package redisdriver
 
 import (
@@ -219,7 +273,9 @@ func init() {
 // implement it. Optional capabilities are found by type assertion: release
 // hints need a Subscribe method, and List needs Scan (or ForEachMaster on a
 // cluster, ForEachShard on a ring); without them Hint and List return an
-// error matching errors.ErrUnsupported.
+// error matching errors.ErrUnsupported. Options.WaitReplicas needs a Conn
+// method (*redis.Client); without it the calls that would wait return an
+// error matching driver.ErrInvalidArgument.
 type Client = redis.Scripter
 
 // Options configures a Driver. A nil *Options is the same as the zero value.
@@ -240,6 +296,41 @@ type Options struct {
 	// value: false, no hints (waiters poll with backoff only).
 	// OpenURL turns it on unless the URL says hints=false.
 	ReleaseHints bool
+
+	// WaitReplicas, when above 0, reports a grant or a renewal to the
+	// caller only once at least that many replicas have acknowledged it
+	// (Redis's WAIT, sent on the connection that ran the script): in
+	// TryAcquire, Wait (a key found free, or handed over by a release and
+	// claimed), Renew, Resume and the read-write views (SharedView). A
+	// grant that fewer replicas acknowledged within WaitTimeout is
+	// released (owner-checked, best effort) and the call returns an error
+	// matching driver.ErrUnavailable that says "replicated to k of N
+	// replicas within T"; a renewal or resumption that too few
+	// acknowledged returns such an error too (never driver.ErrLeaseLost:
+	// the lease's heartbeat retries until its validity ends), and leaves
+	// the grant held. Release
+	// does not wait. It costs one more round trip plus the replication
+	// latency per grant and renewal, and holds a pooled connection while
+	// WAIT blocks. It needs a single-node *redis.Client (redis.NewClient,
+	// or redis.NewFailoverClient for Sentinel; any Client with a method
+	// Conn() *redis.Conn): over a ClusterClient, a Ring or another Client
+	// those calls, and a negative value with any client, return an error
+	// matching driver.ErrInvalidArgument before anything is sent. See
+	// "Replicas and failover" in the package doc for what it does and does
+	// not guarantee. Zero value: 0, no waiting (one round trip per call).
+	WaitReplicas int
+
+	// WaitTimeout bounds how long one WAIT blocks, rounded up to whole
+	// milliseconds (WAIT counts in milliseconds, and its 0 would block
+	// forever: it is never sent). Redis may answer a WAIT up to 1/hz late
+	// (100 ms at its default hz 10), so each WAIT is also cut short of the
+	// call's context deadline by 100 ms plus a tenth of the time left (at
+	// most half the time left), kept for that, the reply and the release
+	// of a grant that fell short. Ignored when WaitReplicas is 0;
+	// otherwise a negative value makes the calls that wait return an
+	// error matching driver.ErrInvalidArgument. Zero value:
+	// DefaultWaitTimeout (1 s).
+	WaitTimeout time.Duration
 }
 
 // Driver is a dlock driver over one Redis deployment. It is safe for
@@ -253,6 +344,7 @@ type Driver struct {
 	addr   string       // host:port when opened by URL, for errors
 	wakeID string       // random; names the driver's wake channel (wait.go)
 	closed atomic.Bool
+	repl   replicaWait // Options.WaitReplicas (replicas.go)
 
 	keyCache sync.Map // key -> *keySet (lockKeys)
 	keyCount atomic.Int64
@@ -280,7 +372,8 @@ func New(client Client, opts *Options) *Driver {
 	if o.Prefix == "" {
 		o.Prefix = DefaultPrefix
 	}
-	d := &Driver{client: client, ns: escape(o.Prefix), hints: o.ReleaseHints, watches: map[grantID]*grantWatch{}, wakeID: randomID()}
+	d := &Driver{client: client, ns: escape(o.Prefix), hints: o.ReleaseHints, watches: map[grantID]*grantWatch{}, wakeID: randomID(),
+		repl: newReplicaWait(client, o)}
 	if sub, ok := client.(subscriber); ok && o.ReleaseHints {
 		_, ring := client.(*redis.Ring)
 		d.hub = newHub(sub, ring)
@@ -303,8 +396,13 @@ func Open(ctx context.Context, rawURL string) (*Driver, error) {
 //
 // The URL is redis://[user:password@]host:port[/db] or rediss://… for TLS,
 // with go-redis's query options (dial_timeout, pool_size, …; see
-// redis.ParseURL) and two of the driver's: prefix=P sets Options.Prefix and
-// hints=false turns Options.ReleaseHints off (it is on by default here).
+// redis.ParseURL) and the driver's: prefix=P sets Options.Prefix,
+// hints=false turns Options.ReleaseHints off (it is on by default here),
+// wait_replicas=N sets Options.WaitReplicas (a non-negative integer; 0, the
+// default, is off) and wait_timeout=D sets Options.WaitTimeout (a positive
+// Go duration, e.g. 500ms; default 1s). For example
+// redis://10.0.0.5:6379?wait_replicas=1&wait_timeout=250ms reports a grant
+// or a renewal only once one replica has it (see "Replicas and failover").
 // Command retries are off unless max_retries is given, a failed dial is not
 // retried within a call, and the context's deadline bounds every call.
 //
@@ -340,6 +438,9 @@ func OpenURL(ctx context.Context, u *url.URL) (*Driver, error) {
 		}
 		opts.ReleaseHints = on
 		q.Del("hints")
+	}
+	if err := parseReplicaWait(q, &opts); err != nil {
+		return nil, err
 	}
 	cu.RawQuery = q.Encode()
 	ro, err := redis.ParseURL(cu.String())
@@ -499,7 +600,9 @@ return {v[2] or '0', v[3] or '', v[4] or '0', redis.call('PTTL', KEYS[1]), redis
 // TryAcquire makes one acquisition attempt. It returns the grant with a
 // fence greater than every fence issued earlier for req.Key (subject to the
 // package's durability caveats), driver.ErrNotAcquired when another owner
-// holds the key, or the store's error wrapped.
+// holds the key, or the store's error wrapped. With Options.WaitReplicas,
+// a grant that too few replicas acknowledged in time is released and
+// returned as an error matching driver.ErrUnavailable.
 func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
 	if err := d.checkOpen(); err != nil {
 		return driver.Grant{}, err
@@ -507,20 +610,30 @@ func (d *Driver) TryAcquire(ctx context.Context, req driver.AcquireRequest) (dri
 	if err := driver.CheckRequest(req); err != nil {
 		return driver.Grant{}, fmt.Errorf("redisdriver: acquire: %w", err)
 	}
+	s, err := d.session("acquire")
+	if err != nil {
+		return driver.Grant{}, err
+	}
+	defer s.close()
 	keys, _ := d.lockKeys(req.Key)
-	n, err := acquireScript.Run(ctx, d.client, keys[:3], req.Owner, req.TTL.Milliseconds(), req.Holder).Int64()
+	n, err := acquireScript.Run(ctx, s.c, keys[:3], req.Owner, req.TTL.Milliseconds(), req.Holder).Int64()
 	if err != nil {
 		return driver.Grant{}, storeErr(ctx, "acquire", err)
 	}
 	if n <= 0 {
 		return driver.Grant{}, driver.ErrNotAcquired
 	}
+	if err := d.replicated(ctx, s, "acquire", "the grant"); err != nil {
+		return driver.Grant{}, d.dropLock(ctx, &s, err, req.Key, req.Owner)
+	}
 	return driver.Grant{Fence: uint64(n), Recheck: d.watch(req.Key, req.Owner, req.TTL)}, nil
 }
 
 // Renew resets the expiry of owner's grant on key to ttl (rounded down to
 // milliseconds), measured by Redis. It returns driver.ErrLeaseLost when
-// owner no longer holds key, or the store's error wrapped.
+// owner no longer holds key, an error matching driver.ErrUnavailable when
+// fewer than Options.WaitReplicas replicas acknowledged the renewal in
+// time (the grant stays held), or the store's error wrapped.
 func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration) error {
 	if err := d.checkOpen(); err != nil {
 		return err
@@ -528,8 +641,13 @@ func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration
 	if err := driver.CheckGrant(key, owner, ttl); err != nil {
 		return fmt.Errorf("redisdriver: renew: %w", err)
 	}
+	s, err := d.session("renew")
+	if err != nil {
+		return err
+	}
+	defer s.close()
 	keys, _ := d.lockKeys(key)
-	n, err := renewScript.Run(ctx, d.client, keys[:1], owner, ttl.Milliseconds()).Int64()
+	n, err := renewScript.Run(ctx, s.c, keys[:1], owner, ttl.Milliseconds()).Int64()
 	if err != nil {
 		return storeErr(ctx, "renew", err)
 	}
@@ -537,8 +655,10 @@ func (d *Driver) Renew(ctx context.Context, key, owner string, ttl time.Duration
 		d.unwatch(key, owner)
 		return driver.ErrLeaseLost
 	}
+	// The primary has the new expiry, confirmed on replicas or not: the
+	// recheck watch follows it.
 	d.renewed(key, owner, ttl)
-	return nil
+	return d.replicated(ctx, s, "renew", "the renewal")
 }
 
 // Release deletes owner's grant on key, atomically and only if owner still

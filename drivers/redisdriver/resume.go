@@ -32,6 +32,10 @@ return 1
 // req.TTL; otherwise it returns driver.ErrLeaseLost and changes nothing.
 // The holder description is kept. The resumed grant gets the recheck
 // subscription of a fresh one (Grant.Recheck, with release hints on).
+// With Options.WaitReplicas, the resumption is reported only once that
+// many replicas acknowledged it; otherwise it returns an error matching
+// driver.ErrUnavailable and leaves the grant held, with the expiry the
+// primary set, so that Resume may be called again.
 func (d *Driver) Resume(ctx context.Context, req driver.AcquireRequest, fence uint64) (driver.Grant, error) {
 	if err := d.checkOpen(); err != nil {
 		return driver.Grant{}, err
@@ -42,13 +46,24 @@ func (d *Driver) Resume(ctx context.Context, req driver.AcquireRequest, fence ui
 	if fence == 0 {
 		return driver.Grant{}, fmt.Errorf("redisdriver: resume: %w: fence 0", driver.ErrInvalidArgument)
 	}
+	s, err := d.session("resume")
+	if err != nil {
+		return driver.Grant{}, err
+	}
+	defer s.close()
 	lock, _, _ := d.keys(req.Key)
-	n, err := resumeScript.Run(ctx, d.client, []string{lock}, req.Owner, req.TTL.Milliseconds(), fmt.Sprint(fence)).Int64()
+	n, err := resumeScript.Run(ctx, s.c, []string{lock}, req.Owner, req.TTL.Milliseconds(), fmt.Sprint(fence)).Int64()
 	if err != nil {
 		return driver.Grant{}, storeErr(ctx, "resume", err)
 	}
 	switch n {
 	case 1:
+		// A shortfall leaves the grant as it is (a renewal's rule): it was
+		// made, and maybe replicated, by the run that acquired it, and
+		// Resume may be called again.
+		if err := d.replicated(ctx, s, "resume", "the resumed grant"); err != nil {
+			return driver.Grant{}, err
+		}
 		return driver.Grant{Fence: fence, Recheck: d.watch(req.Key, req.Owner, req.TTL)}, nil
 	case 0:
 		return driver.Grant{}, fmt.Errorf("%w (the key is free: the grant expired or was released)", driver.ErrLeaseLost)

@@ -56,9 +56,12 @@ import (
 // push loss (no Grant.Lost, no Recheck; loss is found by renewal and the
 // validity deadline) and are not Inspectors. The caveats of the package doc
 // (asynchronous replication, persistence, clock jumps, evictions) apply
-// unchanged. Shared with a Limit (a counted semaphore) is not supported:
-// SharedView returns an error matching errors.ErrUnsupported, and the
-// semaphore recipe uses its portable permit slots.
+// unchanged, and so does Options.WaitReplicas: a grant that too few
+// replicas acknowledged is released and reported as driver.ErrUnavailable,
+// and such a renewal is driver.ErrUnavailable. Shared with a Limit (a counted
+// semaphore) is not supported: SharedView returns an error matching
+// errors.ErrUnsupported, and the semaphore recipe uses its portable permit
+// slots.
 
 var _ driver.SharedLocker = (*Driver)(nil)
 
@@ -224,6 +227,22 @@ func (v *rwView) kind() string {
 	return "read"
 }
 
+// acquireOp and renewOp name the view's operations in errors (constants:
+// nothing is built on the hot path).
+func (v *rwView) acquireOp() string {
+	if v.mode == "w" {
+		return "write acquire"
+	}
+	return "read acquire"
+}
+
+func (v *rwView) renewOp() string {
+	if v.mode == "w" {
+		return "write renew"
+	}
+	return "read renew"
+}
+
 // TryAcquire makes one attempt; it never queues. It returns
 // driver.ErrNotAcquired when the key is write-locked, or (for a writer)
 // read-locked, or when a waiting writer (for a writer: any waiter) comes
@@ -246,17 +265,31 @@ func (v *rwView) attempt(ctx context.Context, req driver.AcquireRequest, queue b
 	if err := driver.CheckRequest(req); err != nil {
 		return driver.Grant{}, fmt.Errorf("redisdriver: %s acquire: %w", v.kind(), err)
 	}
-	keys, _ := d.rwKeys(req.Key)
+	op := v.acquireOp()
+	s, err := d.session(op)
+	if err != nil {
+		return driver.Grant{}, err
+	}
+	defer s.close()
+	keys, channel := d.rwKeys(req.Key)
 	q := "0"
 	if queue {
 		q = "1"
 	}
-	n, err := rwAcquireScript.Run(ctx, d.client, keys, req.Owner, v.mode, req.TTL.Milliseconds(), q, queueTTL.Milliseconds(), req.Holder).Int64()
+	n, err := rwAcquireScript.Run(ctx, s.c, keys, req.Owner, v.mode, req.TTL.Milliseconds(), q, queueTTL.Milliseconds(), req.Holder).Int64()
 	if err != nil {
-		return driver.Grant{}, storeErr(ctx, v.kind()+" acquire", err)
+		return driver.Grant{}, storeErr(ctx, op, err)
 	}
 	if n <= 0 {
 		return driver.Grant{}, nil
+	}
+	if err := d.replicated(ctx, s, op, "the grant"); err != nil {
+		if !d.hints {
+			channel = ""
+		}
+		return driver.Grant{}, dropUnreplicated(ctx, &s, err, func(ctx context.Context) error {
+			return rwReleaseScript.Run(ctx, d.client, keys, req.Owner, channel).Err()
+		})
 	}
 	return driver.Grant{Fence: uint64(n)}, nil
 }
@@ -274,6 +307,9 @@ func (v *rwView) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Gr
 	}
 	if err := driver.CheckRequest(req); err != nil {
 		return driver.Grant{}, fmt.Errorf("redisdriver: %s wait: %w", v.kind(), err)
+	}
+	if err := d.checkReplicaWait(v.kind() + " wait"); err != nil {
+		return driver.Grant{}, err
 	}
 	opTimeout := driver.OpTimeout(ctx)
 	if opTimeout <= 0 {
@@ -336,15 +372,21 @@ func (v *rwView) Renew(ctx context.Context, key, owner string, ttl time.Duration
 	if err := driver.CheckGrant(key, owner, ttl); err != nil {
 		return fmt.Errorf("redisdriver: %s renew: %w", v.kind(), err)
 	}
-	keys, _ := d.rwKeys(key)
-	n, err := rwRenewScript.Run(ctx, d.client, keys, owner, ttl.Milliseconds()).Int64()
+	op := v.renewOp()
+	s, err := d.session(op)
 	if err != nil {
-		return storeErr(ctx, v.kind()+" renew", err)
+		return err
+	}
+	defer s.close()
+	keys, _ := d.rwKeys(key)
+	n, err := rwRenewScript.Run(ctx, s.c, keys, owner, ttl.Milliseconds()).Int64()
+	if err != nil {
+		return storeErr(ctx, op, err)
 	}
 	if n != 1 {
-		return fmt.Errorf("redisdriver: %s renew: %w", v.kind(), driver.ErrLeaseLost)
+		return fmt.Errorf("redisdriver: %s: %w", op, driver.ErrLeaseLost)
 	}
-	return nil
+	return d.replicated(ctx, s, op, "the renewal")
 }
 
 // Release removes owner's grant on key, atomically and only if owner holds

@@ -131,9 +131,13 @@ func (d *Driver) wakeChannel(keyChannel string) string {
 // the caller's queue entry and releases a grant that raced the end, then
 // returns an error matching ctx.Err(). Without release hints (Options.
 // ReleaseHints off, or a client that cannot subscribe) nothing is queued:
-// Wait polls the acquire script with the same backoff. Other errors are the
-// store's, wrapped; the caller then releases req.Owner (Release also removes
-// its queue entry).
+// Wait polls the acquire script with the same backoff. With
+// Options.WaitReplicas, a grant (a free key, or one handed over and
+// claimed) is returned only once that many replicas acknowledged the
+// claim; otherwise it is released (which hands the key to the next
+// waiter) and Wait returns an error matching driver.ErrUnavailable. Other
+// errors are the store's, wrapped; the caller then releases req.Owner
+// (Release also removes its queue entry).
 func (d *Driver) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
 	if err := d.checkOpen(); err != nil {
 		return driver.Grant{}, err
@@ -145,14 +149,30 @@ func (d *Driver) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Gr
 	if opTimeout <= 0 {
 		opTimeout = defaultOpTimeout
 	}
+	if err := d.checkReplicaWait("wait"); err != nil {
+		return driver.Grant{}, err
+	}
 	keys, channel := d.lockKeys(req.Key)
 	// The acquire script takes the first three keys, the wait script all.
-	run := func(s *redis.Script, ks []string, args ...any) (int64, error) {
+	// A fence (n > 0) is a grant made, re-confirmed or handed over and now
+	// claimed: with Options.WaitReplicas it is reported only once enough
+	// replicas have it, and released otherwise (replicas.go).
+	run := func(script *redis.Script, ks []string, args ...any) (int64, error) {
 		octx, cancel := context.WithTimeout(ctx, opTimeout)
 		defer cancel()
-		n, err := s.Run(octx, d.client, ks, args...).Int64()
+		s, err := d.session("wait")
+		if err != nil {
+			return 0, err
+		}
+		defer s.close()
+		n, err := script.Run(octx, s.c, ks, args...).Int64()
 		if err != nil {
 			return 0, storeErr(octx, "wait", err)
+		}
+		if n > 0 {
+			if err := d.replicated(octx, s, "wait", "the grant"); err != nil {
+				return 0, d.dropLock(octx, &s, err, req.Key, req.Owner)
+			}
 		}
 		return n, nil
 	}
