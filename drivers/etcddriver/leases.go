@@ -46,10 +46,11 @@ type sharedLease struct {
 	orphans   map[string]int64  // entry key → create revision (0: unknown) still to delete
 
 	// The keepalive batch: callers join next, which is sent only after
-	// they joined (so its confirmation covers their request).
+	// they joined (so its confirmation covers their request), by one of
+	// at most maxKeepAliveSenders senders.
 	kmu     sync.Mutex
 	next    *keepCall
-	sending bool
+	senders int
 	// confirmed is when the last confirmed keepalive (or the grant of
 	// the lease) was sent: etcd keeps the lease at least secs from then.
 	confirmed time.Time
@@ -196,12 +197,18 @@ func (s *sharedLease) markDead() {
 	s.d.mu.Unlock()
 }
 
+// maxKeepAliveSenders is how many KeepAliveOnce calls of one lease may be
+// in flight at once. With one, a caller that arrives just after a call was
+// sent waits for it and then for the next, up to two round trips; with
+// two, the next is sent at once, and callers wait about one.
+const maxKeepAliveSenders = 2
+
 // keepAlive returns once a KeepAliveOnce of s sent after the call began
 // has been confirmed (so the lease lives at least its TTL from then on the
 // store), or with its error. Concurrent callers share one KeepAliveOnce:
-// those that arrive while one is in flight share the next. An answer that
-// etcd does not know the lease marks s dead and matches
-// rpctypes.ErrLeaseNotFound.
+// those that arrive while maxKeepAliveSenders are in flight share the
+// next. An answer that etcd does not know the lease marks s dead and
+// matches rpctypes.ErrLeaseNotFound.
 func (s *sharedLease) keepAlive(ctx context.Context) error {
 	s.kmu.Lock()
 	c := s.next
@@ -209,27 +216,34 @@ func (s *sharedLease) keepAlive(ctx context.Context) error {
 		c = &keepCall{done: make(chan struct{})}
 		s.next = c
 	}
-	start := !s.sending
-	s.sending = true
+	start := s.senders < maxKeepAliveSenders
+	if start {
+		s.senders++
+	}
 	s.kmu.Unlock()
 	if start {
 		s.d.mu.Lock()
 		if s.d.closed {
 			s.d.mu.Unlock()
-			// Fail the batch, and everyone who joined it, at once.
+			// Fail the batch, and everyone who joined it, at once, unless
+			// the other sender took it already (it answers then).
 			s.kmu.Lock()
-			s.sending = false
-			if s.next == c {
+			s.senders--
+			mine := s.next == c
+			if mine {
 				s.next = nil
 			}
 			s.kmu.Unlock()
-			c.err = errClosed
-			close(c.done)
-			return errClosed
+			if mine {
+				c.err = errClosed
+				close(c.done)
+				return errClosed
+			}
+		} else {
+			s.d.wg.Add(1)
+			s.d.mu.Unlock()
+			go s.send()
 		}
-		s.d.wg.Add(1)
-		s.d.mu.Unlock()
-		go s.send()
 	}
 	select {
 	case <-c.done:
@@ -249,7 +263,7 @@ func (s *sharedLease) confirmedSince(t time.Time) bool {
 }
 
 // send sends the pending keepalive batches, one after the other, until
-// none is pending.
+// none is pending (another sender may take some of them).
 func (s *sharedLease) send() {
 	defer s.d.wg.Done()
 	for {
@@ -257,7 +271,7 @@ func (s *sharedLease) send() {
 		c := s.next
 		s.next = nil
 		if c == nil {
-			s.sending = false
+			s.senders--
 			s.kmu.Unlock()
 			return
 		}
