@@ -230,11 +230,13 @@
 //
 // dlock verify (package verify) runs this driver's store under every fault
 // it can take and counts double grants, fence violations and stale writes
-// accepted: the redis and redis-failover sections of docs/GUARANTEES.md hold
-// the figures, for one server, and a primary with an asynchronous replica
-// promoted under load (where, without Options.WaitReplicas, double grants
-// and reissued fences are expected, and measured). make verify regenerates
-// them.
+// accepted: the redis, redis-failover and redis-failover-wait sections of
+// docs/GUARANTEES.md hold the figures, for one server, a primary with an
+// asynchronous replica promoted under load (where double grants and
+// reissued fences are expected, and measured), and the same with two
+// replicas and wait_replicas=1 (the replica with the most of the stream
+// promoted: no fence issued twice, no stale write accepted). make verify
+// regenerates them.
 package redisdriver
 
 import (

@@ -103,7 +103,11 @@ var Stores = []Store{
 	{Name: "redis-failover", Doc: "a primary and an asynchronous replica (replication delayed by TTL/4 to TTL/2), promoted with REPLICAOF NO ONE", Short: []string{"failover"},
 		MayFail: map[string]string{"failover": "replication is asynchronous: the promoted replica lacks the last grants and fences, so it issues a fence again, and the register cannot tell two holders of one fence apart"},
 		Start: func(h *testservers.Harness, seed uint64) verify.Target {
-			return startRedisFailover(h, seed, 400*time.Millisecond)
+			return startRedisFailover(h, seed, 400*time.Millisecond, 1, "redis-failover", "")
+		}},
+	{Name: "redis-failover-wait", Doc: "a primary and two asynchronous replicas (replication delayed by TTL/4 to TTL/2), the driver's wait_replicas=1 (every grant and renewal acknowledged by one replica before it is reported); the replica with the most of the stream is promoted and the other follows it", Short: []string{"failover"},
+		Start: func(h *testservers.Harness, seed uint64) verify.Target {
+			return startRedisFailover(h, seed, 400*time.Millisecond, 2, "redis-failover-wait", "wait_replicas=1")
 		}},
 	{Name: "redlock", Doc: "Redlock on five redis-servers (AOF everysec), each behind a proxy", Short: []string{"restart-lossy"},
 		MayFail: map[string]string{"restart-lossy": "a node restarted without its data lets a second client win a majority (Redlock's known weakness)"},

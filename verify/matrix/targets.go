@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/dlock-dev/dlock/internal/testservers"
 	"github.com/dlock-dev/dlock/server/servertest"
 	"github.com/dlock-dev/dlock/verify"
+	"github.com/redis/go-redis/v9"
 )
 
 // proxied puts a verifier-owned proxy in front of each address and
@@ -218,41 +220,117 @@ func wipeRedisData(dir string) error {
 	return nil
 }
 
-// redisFailover is a primary and an asynchronous replica, whose
-// replication runs through a proxy that delays it (replication lag); the
+// redisFailover is a primary and asynchronous replicas, whose
+// replication runs through proxies that delay it (replication lag); the
 // clients' proxy points at the primary until Failover.
 type redisFailover struct {
 	base
-	primary, replica *testservers.Redis
+	primary  *testservers.Redis
+	replicas []*testservers.Redis
+	repls    []*netproxy.Proxy // repls[i]: replica i's link to its primary
 }
 
-func startRedisFailover(h *testservers.Harness, seed uint64, lag time.Duration) *redisFailover {
+// startRedisFailover starts a primary and n replicas, each replicating
+// through its own proxy delayed by lag/2 to lag. query, when not "", is
+// the store URL's query (the redis driver's options). With query set it
+// waits until a WAIT for every replica succeeds: a primary counts a
+// replica's acknowledgements only from its first REPLCONF ACK, sent once a
+// second, so the first grants of a wait_replicas store would fail.
+func startRedisFailover(h *testservers.Harness, seed uint64, lag time.Duration, n int, name, query string) *redisFailover {
 	p := testservers.StartRedis(h)
-	r := testservers.StartRedisReplica(h, p)
-	repl, err := netproxy.New(p.Addr(), seed+100)
-	if err != nil {
-		h.Fatalf("matrix: replication proxy: %v", err)
+	t := &redisFailover{primary: p}
+	for i := range n {
+		r := testservers.StartRedisReplica(h, p)
+		repl, err := netproxy.New(p.Addr(), seed+100+uint64(i))
+		if err != nil {
+			h.Fatalf("matrix: replication proxy: %v", err)
+		}
+		h.Cleanup(func() { repl.Close() })
+		repl.SetDelay(netproxy.Downstream, lag/2, lag)
+		host, port, _ := strings.Cut(repl.Addr(), ":")
+		if _, err := r.Command("REPLICAOF", host, port); err != nil {
+			h.Fatalf("matrix: REPLICAOF through the lag proxy: %v", err)
+		}
+		t.replicas = append(t.replicas, r)
+		t.repls = append(t.repls, repl)
 	}
-	h.Cleanup(func() { repl.Close() })
-	repl.SetDelay(netproxy.Downstream, lag/2, lag)
-	host, port, _ := strings.Cut(repl.Addr(), ":")
-	if _, err := r.Command("REPLICAOF", host, port); err != nil {
-		h.Fatalf("matrix: REPLICAOF through the lag proxy: %v", err)
+	if query != "" {
+		if err := waitReplicaAcks(p.Addr(), n, 20*time.Second); err != nil {
+			h.Fatalf("matrix: %s: %v", name, err)
+		}
+		query = "?" + query
 	}
 	links, hosts := proxied(h, seed, p.Addr())
-	return &redisFailover{base: base{name: "redis-failover", url: "redis://" + hosts, links: links}, primary: p, replica: r}
+	t.base = base{name: name, url: "redis://" + hosts + query, links: links}
+	return t
 }
 
+// waitReplicaAcks waits until a write on the primary at addr is
+// acknowledged by n replicas (WAIT), for up to limit.
+func waitReplicaAcks(addr string, n int, limit time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	conn := c.Conn()
+	defer conn.Close()
+	var last error
+	for ctx.Err() == nil {
+		if last = conn.Set(ctx, "verify:replica-probe", "1", 0).Err(); last == nil {
+			got, err := conn.Do(ctx, "WAIT", n, 500).Int()
+			if err == nil && got >= n {
+				return nil
+			}
+			last = fmt.Errorf("WAIT %d: %d acknowledged, %v", n, got, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("replicas did not acknowledge within %v: %v", limit, last)
+}
+
+// Failover kills the primary and promotes the replica that has the most
+// of its stream (the greatest replication offset, as Redis Sentinel
+// picks), with REPLICAOF NO ONE; the other replicas follow the promoted
+// one (their lag proxies now lead to it), and the clients' proxies too.
 func (t *redisFailover) Failover(context.Context) error {
 	t.primary.Kill()
-	if _, err := t.replica.Command("REPLICAOF", "NO", "ONE"); err != nil {
-		return fmt.Errorf("promote the replica: %w", err)
+	best, bestOff := 0, int64(-1)
+	for i, r := range t.replicas {
+		info, err := r.Command("INFO", "replication")
+		if err != nil {
+			continue
+		}
+		if off := infoInt(info, "slave_repl_offset"); off > bestOff {
+			best, bestOff = i, off
+		}
+	}
+	promoted := t.replicas[best]
+	if _, err := promoted.Command("REPLICAOF", "NO", "ONE"); err != nil {
+		return fmt.Errorf("promote replica %d: %w", best, err)
+	}
+	for i, repl := range t.repls {
+		if i != best {
+			repl.SetTarget(promoted.Addr())
+			repl.Cut()
+		}
 	}
 	for _, p := range t.links {
-		p.SetTarget(t.replica.Addr())
+		p.SetTarget(promoted.Addr())
 	}
 	t.cutAll()
 	return nil
+}
+
+// infoInt returns the integer field name of an INFO reply, or -1.
+func infoInt(info, name string) int64 {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+				return n
+			}
+		}
+	}
+	return -1
 }
 
 // redlockTarget is Redlock on five redis-servers, each behind a proxy.
