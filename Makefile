@@ -75,7 +75,7 @@ nemesis:
 	DLOCK_NEMESIS_DURATION=$(NEMESIS_DURATION) $(GO) test -race -count=1 -v -timeout 60m -run '^TestNemesis$$' ./server/clustertest/
 
 ## verify: the full store × fault matrix of dlock verify (starts and stops every server
-## itself, about 15 minutes on 2 cores); writes docs/GUARANTEES.md and docs/verify-report.html,
+## itself, about 25 minutes on 2 cores); writes docs/GUARANTEES.md and docs/verify-report.html,
 ## and fails when a cell is UNSAFE (a checker failed where the store promises safety).
 ## make test runs the short matrix (verify/matrix TestMatrix_Short).
 .PHONY: verify

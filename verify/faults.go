@@ -193,7 +193,7 @@ var faults = []fault{
 			}
 			return errors.New("the verifier cannot move its clock")
 		},
-		doc: "the store's lease clock (a cluster's leader's) jumps 2x the TTL forward: the store ends grants whose holders still count on them",
+		doc: "dlockd only: the lease clock of its leader (of its one node) jumps 2x the TTL forward, so it ends every grant early, and hands the keys on as soon as it has told their holders",
 		inject: func(ctx context.Context, e *env) (func(context.Context) error, string, error) {
 			m, err := e.target.(ClockJumper).JumpClock(ctx, 2*e.ttl)
 			return func(context.Context) error { return nil }, m, err

@@ -64,13 +64,45 @@ func (c *Config) defaults() error {
 	switch {
 	case c.Duration < 0 || c.TTL < 0 || c.Clients < 0 || c.Keys < 0:
 		return errors.New("verify: duration, TTL, clients and keys must not be negative")
+	case c.TTL < MinTTL || c.TTL > MaxTTL:
+		return fmt.Errorf("verify: TTL %v outside [%v, %v], the TTLs every driver takes", c.TTL, MinTTL, MaxTTL)
 	case c.Duration < 5*c.TTL:
 		return fmt.Errorf("verify: duration %v is shorter than 5 TTLs (%v): the faults would have no time", c.Duration, 5*c.TTL)
-	case c.Clients < 2:
-		return errors.New("verify: at least 2 clients are needed for them to contend")
+	case c.Clients < 2 || c.Clients > MaxClients:
+		return fmt.Errorf("verify: %d clients: want 2 (for them to contend) to %d", c.Clients, MaxClients)
+	case c.Keys > MaxKeys:
+		return fmt.Errorf("verify: %d keys: want 1 to %d", c.Keys, MaxKeys)
+	}
+	for _, name := range splitFaults(c.Faults) {
+		if _, err := lookupFault(name); err != nil {
+			return err
+		}
 	}
 	return nil
 }
+
+// Bounds of Config (Check).
+const (
+	// MinTTL and MaxTTL are the TTLs every driver takes (the driver
+	// contract: 100 ms to 24 h).
+	MinTTL = 100 * time.Millisecond
+	MaxTTL = 24 * time.Hour
+	// MaxClients and MaxKeys bound a run's clients and keys: more clients
+	// than this make a history porcupine cannot check in reasonable time.
+	MaxClients = 64
+	MaxKeys    = 1000
+)
+
+// Check fills c's defaults (0 or "" take them) and returns an error for a
+// setting out of bounds: a TTL outside [MinTTL, MaxTTL], a duration
+// shorter than 5 TTLs, fewer than 2 or more than MaxClients clients, more
+// than MaxKeys keys, or an unknown fault name. Run calls it; a caller may
+// call it first to refuse bad input before it starts a store.
+func (c *Config) Check() error { return c.defaults() }
+
+// ErrInterrupted is returned (wrapped, with the context's error) by Run
+// when its context ended before the run did: nothing was judged.
+var ErrInterrupted = errors.New("verify: run interrupted")
 
 // Result is one run: what ran, what was recorded, what the checkers found.
 type Result struct {
@@ -92,7 +124,7 @@ type Result struct {
 // fault, and checks the history. It returns an error matching
 // ErrUnsupportedFault when target cannot take a fault, or when the store
 // could not be opened; a store that misbehaves is a Result, not an error.
-func Run(ctx context.Context, cfg Config, target Target) (*Result, error) {
+func Run(ctx context.Context, cfg Config, target Target) (res *Result, err error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
@@ -104,13 +136,20 @@ func Run(ctx context.Context, cfg Config, target Target) (*Result, error) {
 		f, _ := lookupFault(name)
 		plan = append(plan, f)
 	}
-	dir, keep := cfg.Dir, true
+	dir := cfg.Dir
 	if dir == "" {
 		d, err := os.MkdirTemp("", "dlock-verify-")
 		if err != nil {
 			return nil, err
 		}
-		dir, keep = d, false
+		dir = d
+		kept := false
+		defer func() {
+			if !kept {
+				os.RemoveAll(dir)
+			}
+		}()
+		defer func() { kept = res != nil && res.Visualization != "" }()
 	}
 	reg, err := OpenRegister(ctx, dir)
 	if err != nil {
@@ -145,13 +184,17 @@ func Run(ctx context.Context, cfg Config, target Target) (*Result, error) {
 		}()
 	}
 	e := &env{target: target, clients: clients, ttl: cfg.TTL, rng: rng, logf: cfg.Logf}
+	began := time.Now()
 	nemesisErr := nemesis(runCtx, e, plan, rec, cfg.Duration)
 	wg.Wait()
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("%w after %v of %v: %w", ErrInterrupted, time.Since(began).Round(time.Millisecond), cfg.Duration, ctx.Err())
+	}
 	if nemesisErr != nil {
 		return nil, nemesisErr
 	}
 
-	res := &Result{
+	res = &Result{
 		Store: target.Name(), Faults: strings.Join(splitFaults(cfg.Faults), ","), Duration: cfg.Duration,
 		Clients: cfg.Clients, Keys: cfg.Keys, TTL: cfg.TTL, Seed: cfg.Seed, History: rec.history(),
 	}
@@ -161,9 +204,6 @@ func Run(ctx context.Context, cfg Config, target Target) (*Result, error) {
 		return nil, err
 	}
 	res.Visualization = lin.Written
-	if !keep && lin.Written == "" {
-		os.RemoveAll(dir)
-	}
 	return res, nil
 }
 

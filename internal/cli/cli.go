@@ -40,13 +40,14 @@ import (
 // Exit codes of dlock run and the other commands, from sysexits.h.
 const (
 	ExitOK           = 0
-	ExitUsage        = 64 // EX_USAGE: bad flags or arguments
-	ExitUnavailable  = 69 // EX_UNAVAILABLE: the store could not be reached; the command was not run
-	ExitLost         = 70 // EX_SOFTWARE: the lease was lost while the command ran; it was terminated
-	ExitHeld         = 75 // EX_TEMPFAIL: the key is held (or --wait-timeout passed); the command was not run (run --conflict-exit-code changes it)
-	ExitNoPerm       = 77 // EX_NOPERM: the store refused the token (missing, unknown, revoked) or its permission on the key; the command was not run
-	ExitUnsupported  = 78 // EX_CONFIG: the configured store cannot do this at all (status or list without an inspector, release --force without an override); retrying cannot help
-	ExitVerifyFailed = 1  // dlock verify: a safety checker failed, or a run could not be made
+	ExitUsage        = 64  // EX_USAGE: bad flags or arguments
+	ExitUnavailable  = 69  // EX_UNAVAILABLE: the store could not be reached; the command was not run
+	ExitLost         = 70  // EX_SOFTWARE: the lease was lost while the command ran; it was terminated
+	ExitHeld         = 75  // EX_TEMPFAIL: the key is held (or --wait-timeout passed); the command was not run (run --conflict-exit-code changes it)
+	ExitNoPerm       = 77  // EX_NOPERM: the store refused the token (missing, unknown, revoked) or its permission on the key; the command was not run
+	ExitUnsupported  = 78  // EX_CONFIG: the configured store cannot do this at all (status or list without an inspector, release --force without an override); retrying cannot help
+	ExitVerifyFailed = 1   // dlock verify: a safety checker failed, or a run could not be made
+	ExitInterrupted  = 130 // 128 + SIGINT: dlock verify interrupted; nothing judged
 	ExitNotFound     = 127
 	ExitCannotRun    = 126
 )

@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/verify"
 	"github.com/dlock-dev/dlock/verify/matrix"
 )
@@ -20,7 +21,7 @@ import (
 func faultHelp() string {
 	var b strings.Builder
 	for _, f := range verify.Faults() {
-		fmt.Fprintf(&b, "  %-15s %s\n", f.Name, f.Doc)
+		fmt.Fprintf(&b, "  %-17s %s\n", f.Name, f.Doc)
 	}
 	return b.String()
 }
@@ -58,9 +59,16 @@ the verifier starts on loopback and stops when done: ` + storeNames() + `.
 
 Faults (comma-separated to combine; "none" for a baseline):
 ` + faultHelp() + `
+The stores the verifier starts need the source tree (dlockd is built with
+go build): run from a checkout of dlock.
+
 Exit status: 0 when no safety checker failed, 1 when one did (the findings
-say which), 64 for bad flags, 78 when the store cannot take the fault.
-dlock verify matrix runs every store × fault and writes docs/GUARANTEES.md.`,
+say which; a store documented to fail that fault fails it too: see
+dlock verify matrix), 64 for bad flags (checked before any store starts),
+69 when the store cannot be reached or granted nothing in the whole run,
+78 when the store cannot take the fault, 130 when interrupted (nothing
+judged). dlock verify matrix runs every store × fault and writes
+docs/GUARANTEES.md.`,
 		Example: `  dlock verify --store redis://127.0.0.1:6379 --fault blackhole
   dlock verify --store dlockd3 --fault partition,leader-pause --duration 30s
   dlock verify --store redis-failover --fault failover --json failover.json`,
@@ -73,6 +81,21 @@ dlock verify matrix runs every store × fault and writes docs/GUARANTEES.md.`,
 					fmt.Fprintf(g.stderr, format+"\n", args...)
 				}
 			}
+			defer matrix.Cleanup()
+			cfg := verify.Config{Faults: faults, Duration: duration, Clients: clients, Keys: keys, TTL: ttl, Seed: seed, Logf: logf}
+			if err := cfg.Check(); err != nil { // the flags as given
+				return exit(ExitUsage, "%v", err)
+			}
+			ttl, duration = cfg.TTL, cfg.Duration
+			if !strings.Contains(g.store, "://") {
+				ttl, duration = matrix.RunTTL(g.store, ttl, duration)
+				cfg.TTL, cfg.Duration = ttl, duration
+			}
+			for _, p := range []string{jsonOut, html} {
+				if err := checkWritable(p); err != nil {
+					return exit(ExitUsage, "verify: %v", err)
+				}
+			}
 			var target verify.Target
 			if strings.Contains(g.store, "://") {
 				t, err := verify.NewURLTarget(g.store, seed)
@@ -81,26 +104,32 @@ dlock verify matrix runs every store × fault and writes docs/GUARANTEES.md.`,
 				}
 				target = t
 			} else {
+				if !matrix.Has(g.store) {
+					return exit(ExitUsage, "verify: --store %q is neither a store URL (scheme://host:port) nor a store the verifier starts (%s)", g.store, storeNames())
+				}
+				if asked, _ := cmd.Flags().GetDuration("ttl"); asked != 0 && asked < ttl {
+					fmt.Fprintf(g.stderr, "verify: %s takes TTLs of at least %v: TTL %v, run %v\n", g.store, ttl, ttl, duration)
+				}
 				t, closeStore, err := matrix.Start(g.store, seed, logf)
 				if err != nil {
 					return exit(ExitUnavailable, "verify: start %s: %v", g.store, err)
 				}
 				defer closeStore()
 				target = t
-				if t2, d2 := matrix.RunTTL(g.store, ttl, duration); t2 != ttl {
-					fmt.Fprintf(g.stderr, "verify: %s takes TTLs of at least %v: TTL %v, run %v\n", g.store, t2, t2, d2)
-					ttl, duration = t2, d2
-				}
 			}
 			defer target.Close()
-			res, err := verify.Run(ctx, verify.Config{
-				Faults: faults, Duration: duration, Clients: clients, Keys: keys, TTL: ttl, Seed: seed, Logf: logf,
-			}, target)
+			res, err := verify.Run(ctx, cfg, target)
 			switch {
 			case errors.Is(err, verify.ErrUnsupportedFault):
 				return exit(ExitUnsupported, "%v", err)
+			case errors.Is(err, verify.ErrInterrupted):
+				return exit(ExitInterrupted, "%v", err)
+			case errors.Is(err, dlock.ErrUnavailable):
+				return exit(ExitUnavailable, "%v", err)
+			case errors.Is(err, dlock.ErrInvalidArgument):
+				return exit(ExitUsage, "%v", err)
 			case err != nil:
-				return exit(ExitVerifyFailed, "verify: %v", err)
+				return exit(ExitVerifyFailed, "%v", err)
 			}
 			if jsonOut != "" {
 				if err := writeJSONFile(jsonOut, res); err != nil {
@@ -124,6 +153,9 @@ dlock verify matrix runs every store × fault and writes docs/GUARANTEES.md.`,
 				g.printJSON(res.Findings)
 			} else {
 				printFindings(g, res)
+			}
+			if res.Findings.Grants == 0 {
+				return exit(ExitUnavailable, "verify: %s granted nothing in the whole run (%d acquisitions failed): it measured nothing; is the store reachable, and the kind the URL's scheme says?", res.Store, res.Findings.FailedAcquires)
 			}
 			if res.Findings.Unsafe() {
 				return exit(ExitVerifyFailed, "verify: %s under %s: a safety checker failed (see the findings)", res.Store, res.Faults)
@@ -165,6 +197,25 @@ func printFindings(g *globals, res *verify.Result) {
 	}
 }
 
+// checkWritable reports whether a file can be written at path ("" is
+// fine: no file), so that a run does not end in an error it could have
+// found first. It leaves no file behind that was not there.
+func checkWritable(path string) error {
+	if path == "" {
+		return nil
+	}
+	_, statErr := os.Stat(path)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		return fmt.Errorf("cannot write %s: %w", path, err)
+	}
+	f.Close()
+	if os.IsNotExist(statErr) {
+		os.Remove(path)
+	}
+	return nil
+}
+
 func writeJSONFile(path string, v any) error {
 	b, err := json.MarshalIndent(v, "", " ")
 	if err != nil {
@@ -189,8 +240,11 @@ real servers on loopback, stopped by PID when done), runs dlock verify for
 each fault each store can take, and writes GUARANTEES.md (a table per store)
 and verify-report.html (a timeline per run) into --out. It exits 1 when a
 cell is UNSAFE (a checker failed where the store promises safety) or could
-not run. Run it from the source tree: the dlockd stores are built with go
-build. make verify runs it.`,
+not run, 64 for bad flags or an unknown store or fault (before anything
+runs), 130 when interrupted (nothing is written then). --out receives
+GUARANTEES.md and verify-report.html, and the summary block of its
+CHOOSING.md when it has one. Run it from the source tree: the dlockd stores
+are built with go build. make verify runs it.`,
 		Example: `  dlock verify matrix --out docs
   dlock verify matrix --short --stores redis,dlockd3 --out /tmp/v`,
 		Args: cobra.NoArgs,
@@ -209,12 +263,27 @@ build. make verify runs it.`,
 					fmt.Fprintf(g.stderr, format+"\n", args...)
 				}
 			}
-			rep, err := matrix.Run(ctx, o)
-			if err != nil {
-				return exit(ExitVerifyFailed, "verify matrix: %v", err)
+			defer matrix.Cleanup()
+			if err := o.Check(); err != nil {
+				return exit(ExitUsage, "verify matrix: %v", err)
 			}
-			if err := os.MkdirAll(out, 0o755); err != nil {
-				return err
+			for _, d := range []string{out, results} {
+				if d == "" {
+					continue
+				}
+				if err := os.MkdirAll(d, 0o755); err != nil {
+					return exit(ExitUsage, "verify matrix: %v", err)
+				}
+				if err := checkWritable(filepath.Join(d, ".dlock-verify-probe")); err != nil {
+					return exit(ExitUsage, "verify matrix: %v", err)
+				}
+			}
+			rep, err := matrix.Run(ctx, o)
+			switch {
+			case errors.Is(err, verify.ErrInterrupted):
+				return exit(ExitInterrupted, "verify matrix: %v (nothing written)", err)
+			case err != nil:
+				return exit(ExitVerifyFailed, "verify matrix: %v", err)
 			}
 			if err := matrix.WriteDocs(rep, out); err != nil {
 				return err

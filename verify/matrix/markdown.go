@@ -76,12 +76,12 @@ func WriteGuarantees(w io.Writer, rep *Report) error {
 	fmt.Fprintf(&b, "Every client writes its fence to a fenced register (fencesql on SQLite) while its lease is valid by its own clock. The timelines are in [verify-report.html](verify-report.html); the method is in package [verify](../verify/doc.go).\n\n")
 	b.WriteString(`Columns:
 
-- **double grants**: pairs of holds of one key whose holders acted at once (the later was granted before the earlier sent its last write); in brackets, the store's own share (*early grants*: granted while a correct client could still believe the earlier grant valid). A paused client or one whose clock jumped makes double grants on every lease store: only fencing protects the resource then.
+- **double grants**: pairs of holds of one key whose holders acted at once (the later was granted before the earlier sent its last write); in brackets, the store's own share (*early grants*: granted while a correct client could still believe the earlier grant valid). A paused client or one whose clock fell behind can make double grants on every lease store (when its pause or its lag outlasts its lease in the run: most runs, not every): only fencing protects the resource then.
 - **stale writes accepted**: writes the register accepted after another holder's equal or greater fence had written; **refused**: late writes fencing stopped.
 - **fence violations**: a later grant with a smaller fence, or one fence given to two owners.
 - **longest gap**: seconds without any grant, from the first fault on (unavailability); **recovery**: seconds from the last heal to the next grant.
 - **linearizable**: porcupine's check of the lock-with-fence model.
-- **verdict**: *safe*; *safe with fencing* (a client fault made two holders act at once, and the register refused the stale one); *unsafe, as documented* (the store's docs say it can fail so); **UNSAFE** (a bug: make verify fails); *n/a* (the fault cannot be applied to this store here).
+- **verdict**: *safe*; *safe with fencing* (a client fault made two holders act at once, the store granted nothing early, and the register accepted no stale write: it refused those that came); *unsafe, as documented* (the store's docs say it can fail so); **UNSAFE** (a bug: make verify fails); *n/a* (the fault cannot be applied to this store here).
 
 `)
 	if len(rep.Problems) > 0 {

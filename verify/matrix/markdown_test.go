@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dlock-dev/dlock/verify"
 )
 
 // TestUpdateChoosing: the summary block of CHOOSING.md is replaced by one
@@ -80,5 +82,25 @@ func TestRunTTL(t *testing.T) {
 		if ttl != c.wantTTL || d != c.wantDur {
 			t.Errorf("RunTTL(%s, %v, %v) = %v, %v; want %v, %v", c.name, c.ttl, c.d, ttl, d, c.wantTTL, c.wantDur)
 		}
+	}
+}
+
+// A cell whose run granted nothing measured nothing: it is an error, not
+// safe; so is a cell with no run.
+func TestJudge_NothingGrantedIsAnError(t *testing.T) {
+	c := &Cell{Store: "s", Fault: "pause", Runs: []*verify.Result{{Duration: time.Second, Findings: &verify.Findings{FailedAcquires: 9}}}}
+	judge(c, Store{})
+	if c.Verdict != Failed || !strings.Contains(c.Reason, "granted nothing") {
+		t.Fatalf("a run with no grant: %s %q, want %s", c.Verdict, c.Reason, Failed)
+	}
+	c = &Cell{Store: "s", Fault: "pause"}
+	judge(c, Store{})
+	if c.Verdict != Failed {
+		t.Fatalf("a cell with no run: %s %q, want %s", c.Verdict, c.Reason, Failed)
+	}
+	c = &Cell{Store: "s", Fault: "pause", Runs: []*verify.Result{{Findings: &verify.Findings{Grants: 3, WritesAccepted: 3}}}}
+	judge(c, Store{})
+	if c.Verdict != Safe {
+		t.Fatalf("a run with grants and no finding: %s %q, want %s", c.Verdict, c.Reason, Safe)
 	}
 }

@@ -25,10 +25,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/dlock-dev/dlock/internal/testservers"
+	"github.com/dlock-dev/dlock/server/servertest"
 	"github.com/dlock-dev/dlock/verify"
 
 	// The drivers of the stores in the grid.
@@ -192,6 +194,43 @@ type Report struct {
 	Problems []string // cells that fail make verify
 }
 
+// Check fills o's defaults and returns an error for a setting out of
+// bounds (see verify.Config.Check: TTL, clients, keys; runs below 0) or a
+// store or fault name that is not in the grid, before anything starts.
+func (o *Options) Check() error {
+	if o.Runs < 0 {
+		return fmt.Errorf("matrix: %d runs per cell: want at least 1", o.Runs)
+	}
+	o.defaults()
+	cfg := verify.Config{Duration: o.Duration, Clients: o.Clients, Keys: o.Keys, TTL: o.TTL, Seed: 1}
+	if err := cfg.Check(); err != nil {
+		return err
+	}
+	var names []string
+	for _, s := range Stores {
+		names = append(names, s.Name)
+	}
+	for _, n := range o.Stores {
+		if !slices.Contains(names, n) {
+			return fmt.Errorf("matrix: no store %q (stores: %s)", n, strings.Join(names, ", "))
+		}
+	}
+	var fs []string
+	for _, f := range verify.Faults() {
+		fs = append(fs, f.Name)
+	}
+	for _, n := range o.Faults {
+		if !slices.Contains(fs, n) {
+			return fmt.Errorf("matrix: no fault %q (faults: %s)", n, strings.Join(fs, ", "))
+		}
+	}
+	return nil
+}
+
+// Cleanup removes what the grid's runs left for the whole process: the
+// dlockd binary servertest built. Call it once, when done with the grid.
+func Cleanup() { servertest.Cleanup() }
+
 func (o *Options) defaults() {
 	if o.Runs == 0 {
 		o.Runs = 1
@@ -235,7 +274,9 @@ func pick(names []string, name string) bool {
 // (and the report's Problems), not Run's error; Run fails only when ctx
 // ends or Results cannot be written.
 func Run(ctx context.Context, o Options) (*Report, error) {
-	o.defaults()
+	if err := o.Check(); err != nil {
+		return nil, err
+	}
 	rep := &Report{Started: time.Now(), Options: o}
 	if o.Results != "" {
 		if err := os.MkdirAll(o.Results, 0o755); err != nil {
@@ -253,8 +294,14 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 				faults = append(faults, f.Name)
 			}
 		}
+		if ctx.Err() != nil {
+			return rep, fmt.Errorf("%w: %w", verify.ErrInterrupted, ctx.Err())
+		}
 		if err := runStore(ctx, o, rep, s, uint64(si), faults); err != nil {
 			return rep, err
+		}
+		if ctx.Err() != nil {
+			return rep, fmt.Errorf("%w: %w", verify.ErrInterrupted, ctx.Err())
 		}
 	}
 	rep.Elapsed = time.Since(rep.Started)
@@ -311,6 +358,9 @@ func runStore(ctx context.Context, o Options, rep *Report, s Store, si uint64, f
 				Seed: o.Seed + si*100 + uint64(fi)*10 + uint64(r) + 1, Logf: o.Logf,
 			}
 			res, err := verify.Run(ctx, cfg, target)
+			if errors.Is(err, verify.ErrInterrupted) {
+				return err
+			}
 			if err != nil {
 				cell.Verdict, cell.Reason = Failed, err.Error()
 				break
@@ -335,11 +385,18 @@ func runStore(ctx context.Context, o Options, rep *Report, s Store, si uint64, f
 // judge sets a cell's verdict from its runs.
 func judge(c *Cell, s Store) {
 	unsafe, overlap := false, false
-	for _, r := range c.Runs {
+	for i, r := range c.Runs {
+		if r.Findings.Grants == 0 {
+			c.Verdict, c.Reason = Failed, fmt.Sprintf("run %d granted nothing in %v (%d acquisitions failed): it measured nothing", i+1, r.Duration, r.Findings.FailedAcquires)
+			return
+		}
 		unsafe = unsafe || r.Findings.Unsafe()
 		overlap = overlap || r.Findings.DoubleGrants > 0
 	}
 	switch {
+	case len(c.Runs) == 0:
+		c.Verdict, c.Reason = Failed, "no run"
+		return
 	case unsafe && s.MayFail[c.Fault] != "":
 		c.Verdict, c.Reason = UnsafeExpected, s.MayFail[c.Fault]
 	case unsafe:
@@ -365,6 +422,16 @@ func (r *Report) Err() error {
 		return nil
 	}
 	return errors.New("matrix: " + strings.Join(r.Problems, "; "))
+}
+
+// Has reports whether name is a store of the grid (Stores).
+func Has(name string) bool {
+	for _, s := range Stores {
+		if s.Name == name {
+			return true
+		}
+	}
+	return false
 }
 
 // Start starts the grid's store called name (Stores) for a run of its
