@@ -237,9 +237,9 @@
 // dlock verify (package verify) runs this driver's store under every fault
 // it can take and counts double grants, fence violations and stale writes
 // accepted: the dlockd and dlockd3 sections of docs/GUARANTEES.md hold the
-// figures, for one node (kill, restart-lossy, links) and a three-node
-// cluster (partitions, leader isolation, kill and pause). make verify
-// regenerates them.
+// figures, for one node (kill, restart-lossy, links, a jump of its lease
+// clock) and a three-node cluster (partitions, leader isolation, kill and
+// pause, a jump of the leader's clock). make verify regenerates them.
 package dlockddriver
 
 import (

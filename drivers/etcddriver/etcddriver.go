@@ -172,7 +172,8 @@
 // dlock verify (package verify) runs this driver's store under every fault
 // it can take and counts double grants, fence violations and stale writes
 // accepted: the etcd and etcd3 sections of docs/GUARANTEES.md hold the
-// figures, for one member, and three. make verify regenerates them.
+// figures, for one member, and three (partitions, leader isolation, kill
+// and pause). make verify regenerates them.
 package etcddriver
 
 import (
