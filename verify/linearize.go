@@ -48,9 +48,11 @@ type lockState struct {
 // lockModel is a lock with fences and leases:
 //
 //   - a grant is legal when the key is free, held by the same owner (a
-//     retried request, which must answer the same fence), or held by a
-//     holder whose validity ended before the grant's answer came back; a
-//     new grant's fence must be greater than every earlier one;
+//     retried request, which must answer the same fence while the owner's
+//     validity lasts), or held by a holder, the same owner included, whose
+//     validity ended before the grant's answer came back (the store may have
+//     expired it, and a retry then makes a new grant); a new grant's fence
+//     must be greater than every earlier one;
 //   - a renewal answered OK is legal only for the holder, and moves its
 //     validity end;
 //   - a release by the holder frees the key, and so does the holder's
@@ -82,14 +84,13 @@ var lockModel = porcupine.Model{
 		s, in, out := state.(lockState), input.(lockInput), output.(lockOutput)
 		switch in.kind {
 		case historytest.Acquire:
-			if s.owner == in.owner && s.owner != "" {
-				if out.fence != s.fence {
-					return false, s
-				}
+			if s.owner == in.owner && s.owner != "" && out.fence == s.fence {
 				s.ttl = in.ttl
 				s.until = max(s.until, in.invoke+in.ttl-historytest.Drift(in.ttl))
 				return true, s
 			}
+			// Another fence for the same owner is a new grant: legal, as
+			// for another owner, only once the earlier one's validity ended.
 			if s.owner != "" && s.until > in.complete {
 				return false, s // the holder was still valid when this grant came back
 			}
