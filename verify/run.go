@@ -121,9 +121,12 @@ type Result struct {
 }
 
 // Run runs cfg's clients against target under cfg's faults, heals every
-// fault, and checks the history. It returns an error matching
-// ErrUnsupportedFault when target cannot take a fault, or when the store
-// could not be opened; a store that misbehaves is a Result, not an error.
+// fault, and checks the history. It returns the error of Config.Check for
+// bad settings, an error matching ErrUnsupportedFault when target cannot
+// take a fault, one matching ErrInterrupted when ctx ends before the run
+// does (nothing is judged then), or the store's error when it could not be
+// opened; a store that misbehaves is a Result, not an error (one that
+// granted nothing has Findings.Grants 0: it measured nothing).
 func Run(ctx context.Context, cfg Config, target Target) (res *Result, err error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
