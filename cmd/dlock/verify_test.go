@@ -1,8 +1,11 @@
 package main_test
 
 import (
+	"bytes"
+	"errors"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -92,20 +95,32 @@ func TestVerify_InterruptedRunIsNotJudged(t *testing.T) {
 	rd := testservers.StartRedis(t)
 	res := filepath.Join(t.TempDir(), "r.json")
 	cmd := command("", "verify", "--store", rd.URL(), "--duration", "30s", "--json", res)
-	var r result
-	done := make(chan struct{})
-	go func() { r = runCmd(t, cmd); close(done) }()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
 	time.Sleep(3 * time.Second)
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
+	var err error
 	select {
-	case <-done:
+	case err = <-done:
 	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
 		t.Fatal("verify did not end within 10 s of SIGINT")
 	}
-	if r.code != 130 || !strings.Contains(r.stderr, "interrupted") {
-		t.Fatalf("interrupted verify: exit %d, stderr %q; want 130 and interrupted", r.code, r.stderr)
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	}
+	if code != 130 || !strings.Contains(stderr.String(), "interrupted") {
+		t.Fatalf("interrupted verify: exit %d (%v), stderr %q; want 130 and interrupted", code, err, stderr.String())
 	}
 	if _, err := os.Stat(res); err == nil {
 		t.Fatal("an interrupted run wrote its result")
