@@ -1,6 +1,7 @@
 package main_test
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"net"
@@ -94,19 +95,38 @@ func TestVerify_NothingMeasuredIsNotAPass(t *testing.T) {
 func TestVerify_InterruptedRunIsNotJudged(t *testing.T) {
 	rd := testservers.StartRedis(t)
 	res := filepath.Join(t.TempDir(), "r.json")
-	cmd := command("", "verify", "--store", rd.URL(), "--duration", "30s", "--json", res)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
+	// --debug prints the fault plan as it runs: its first line says the
+	// run is under way.
+	cmd := command("", "verify", "--debug", "--fault", "blackhole", "--store", rd.URL(), "--duration", "30s", "--json", res)
+	pipe, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	var stderr bytes.Buffer
+	started, copied := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(copied)
+		sc := bufio.NewScanner(pipe)
+		for first := true; sc.Scan(); first = false {
+			stderr.WriteString(sc.Text() + "\n")
+			if first {
+				close(started)
+			}
+		}
+	}()
 	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	time.Sleep(3 * time.Second)
+	go func() { <-copied; done <- cmd.Wait() }()
+	select {
+	case <-started:
+	case <-time.After(20 * time.Second):
+		t.Fatal("verify --debug printed nothing within 20 s")
+	}
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
-	var err error
 	select {
 	case err = <-done:
 	case <-time.After(10 * time.Second):

@@ -26,13 +26,7 @@ func faultHelp() string {
 	return b.String()
 }
 
-func storeNames() string {
-	var names []string
-	for _, s := range matrix.Stores {
-		names = append(names, s.Name)
-	}
-	return strings.Join(names, ", ")
-}
+func storeNames() string { return strings.Join(matrix.StoreNames(), ", ") }
 
 func newVerifyCmd(g *globals) *cobra.Command {
 	var (

@@ -206,13 +206,9 @@ func (o *Options) Check() error {
 	if err := cfg.Check(); err != nil {
 		return err
 	}
-	var names []string
-	for _, s := range Stores {
-		names = append(names, s.Name)
-	}
 	for _, n := range o.Stores {
-		if !slices.Contains(names, n) {
-			return fmt.Errorf("matrix: no store %q (stores: %s)", n, strings.Join(names, ", "))
+		if !Has(n) {
+			return fmt.Errorf("matrix: no store %q (stores: %s)", n, strings.Join(StoreNames(), ", "))
 		}
 	}
 	var fs []string
@@ -424,15 +420,17 @@ func (r *Report) Err() error {
 	return errors.New("matrix: " + strings.Join(r.Problems, "; "))
 }
 
-// Has reports whether name is a store of the grid (Stores).
-func Has(name string) bool {
-	for _, s := range Stores {
-		if s.Name == name {
-			return true
-		}
+// StoreNames returns the names of the grid's stores, in report order.
+func StoreNames() []string {
+	names := make([]string, len(Stores))
+	for i, s := range Stores {
+		names[i] = s.Name
 	}
-	return false
+	return names
 }
+
+// Has reports whether name is a store of the grid (Stores).
+func Has(name string) bool { return slices.Contains(StoreNames(), name) }
 
 // Start starts the grid's store called name (Stores) for a run of its
 // own and returns it with the function that stops everything it started.
@@ -449,9 +447,5 @@ func Start(name string, seed uint64, logf func(format string, args ...any)) (ver
 		}
 		return target, h.Close, nil
 	}
-	var names []string
-	for _, s := range Stores {
-		names = append(names, s.Name)
-	}
-	return nil, nil, fmt.Errorf("matrix: no store %q (stores: %s)", name, strings.Join(names, ", "))
+	return nil, nil, fmt.Errorf("matrix: no store %q (stores: %s)", name, strings.Join(StoreNames(), ", "))
 }
