@@ -286,15 +286,10 @@ func (c *Cluster) stopAll() {
 // DumpLogs writes the last lines of every node's log to the test log.
 func (c *Cluster) DumpLogs(lines int) {
 	for _, nd := range c.nodes {
-		b, err := os.ReadFile(nd.LogPath)
-		if err != nil {
+		if _, err := os.Stat(nd.LogPath); err != nil {
 			continue
 		}
-		ls := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-		if len(ls) > lines {
-			ls = ls[len(ls)-lines:]
-		}
-		c.t.Logf("--- %s (%s) last %d lines of %s:\n%s", nd.ID, nd.Addr, len(ls), nd.LogPath, strings.Join(ls, "\n"))
+		c.t.Logf("--- %s (%s) last lines of %s:\n%s", nd.ID, nd.Addr, nd.LogPath, logTail(nd.LogPath, lines))
 	}
 }
 
