@@ -45,7 +45,7 @@ func (l *Locker) acquire(ctx context.Context, key string, wait bool, o options) 
 	stop := context.AfterFunc(l.closeCtx, func() { cancel(ErrClosed) })
 	defer stop()
 
-	req := driver.AcquireRequest{Key: key, Owner: newOwnerToken(), TTL: o.ttl, Holder: o.holder}
+	req := driver.AcquireRequest{Key: key, Owner: newOwnerToken(), TTL: o.ttl, Holder: o.holder, ConfirmLater: true}
 	waiter, canWait := l.drv.(driver.Waiter)
 	var hints <-chan struct{}
 	budget := o.retryBudget(wait)
@@ -69,10 +69,14 @@ func (l *Locker) acquire(ctx context.Context, key string, wait bool, o options) 
 		waited := wait && canWait && outage.IsZero()
 		if waited {
 			g, err = waiter.Wait(driver.WithOpTimeout(actx, o.opTimeout), req)
-			if err == nil && time.Since(sent) >= o.effectiveHeartbeat() {
+			if err == nil && (time.Since(sent) >= o.effectiveHeartbeat() || g.ConfirmWithin > 0 && time.Since(sent) >= (min(o.ttl, g.ConfirmWithin)-o.effectiveDrift())/2) {
 				// The grant came by notification some time after the
-				// request was sent; re-anchor validity with a renewal.
+				// request was sent; re-anchor validity with a renewal
+				// (which also confirms a handed-over grant: one that came
+				// too late in its window, or with a window shorter than
+				// twice the drift, is not returned unconfirmed).
 				sent, err = l.confirm(actx, req, o)
+				g.ConfirmWithin = 0
 				if errors.Is(err, ErrLeaseLost) {
 					continue
 				}

@@ -30,8 +30,11 @@ type Lease struct {
 	owner    string
 	fence    uint64
 	degraded bool
-	opts     options
-	start    time.Time
+	// unconfirmed: handed over by the store without confirmation
+	// (Grant.ConfirmWithin); the heartbeat's first renewal is sent at once.
+	unconfirmed bool
+	opts        options
+	start       time.Time
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -63,6 +66,13 @@ func (l *Locker) newLease(req driver.AcquireRequest, g driver.Grant, sent time.T
 		start: sent, ctx: ctx, cancel: cancel, done: make(chan struct{}),
 		hbCtx: hbCtx, hbCancel: hbCancel, hbDone: make(chan struct{}), ended: make(chan struct{}),
 		deadline: sent.Add(o.ttl - o.effectiveDrift()),
+	}
+	if g.ConfirmWithin > 0 {
+		// Handed over unconfirmed (Grant.ConfirmWithin): valid to the
+		// store's confirmation deadline until the first renewal, which
+		// the heartbeat sends as soon as it starts.
+		ls.deadline = sent.Add(min(o.ttl, g.ConfirmWithin) - o.effectiveDrift())
+		ls.unconfirmed = true
 	}
 	l.mu.Lock()
 	if l.closed {
@@ -150,7 +160,11 @@ func (ls *Lease) TTL() time.Duration { return ls.opts.ttl }
 
 // Deadline returns the conservative local validity deadline: the moment the
 // last confirmed acquisition or renewal request was sent, plus TTL minus
-// drift, on this process's monotonic clock. Work that must finish under the
+// drift, on this process's monotonic clock. A grant handed over by a store
+// that asks the new holder to confirm it (dlockd's claim window) is valid,
+// until its first renewal, only to the wait request's sending plus that
+// window, when the window is shorter than the TTL; the lease renews it
+// within milliseconds. Work that must finish under the
 // lease should finish before it. It is the zero time for a degraded lease.
 func (ls *Lease) Deadline() time.Time {
 	ls.mu.Lock()
@@ -327,6 +341,9 @@ func (ls *Lease) heartbeat(pushedLoss, recheck <-chan struct{}) {
 	o := ls.opts
 	interval := o.effectiveHeartbeat()
 	next := ls.start.Add(interval)
+	if ls.unconfirmed {
+		next = time.Now() // the renewal is the store's confirmation
+	}
 	failures := 0
 	var lastSent time.Time // the last renewal's start
 	for {

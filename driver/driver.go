@@ -260,6 +260,12 @@ type AcquireRequest struct {
 	// Holder is a human-readable description of the holder (host, pid,
 	// job), stored where the store can keep it for inspection. May be empty.
 	Holder string
+	// ConfirmLater tells Waiter.Wait that the caller confirms a handed-over
+	// grant itself, with a Renew: Wait may then return a grant with
+	// Grant.ConfirmWithin set instead of confirming it before it returns
+	// (a round trip taken off a contended key's handoff). The root package
+	// sets it. When false, Wait returns only confirmed grants.
+	ConfirmLater bool
 }
 
 // Grant is what a store returns for a successful acquisition.
@@ -273,6 +279,14 @@ type Grant struct {
 	// that cannot push loss leave it nil; the root package then relies on the
 	// validity deadline alone.
 	Lost <-chan struct{}
+	// ConfirmWithin, when > 0, says that the store handed the key over to
+	// this waiter without the waiter's confirmation yet (dlockd's claim
+	// window): until a Renew of the grant succeeds, the grant is valid only
+	// to the request's sending plus ConfirmWithin (less the drift), and the
+	// store passes the key to its next waiter when no Renew reaches it
+	// within ConfirmWithin of the handover. Only a Wait whose request had
+	// ConfirmLater returns it; it is 0 for every other grant.
+	ConfirmWithin time.Duration
 	// Recheck, when not nil, receives a value (sent without blocking) when
 	// the store hints that this grant may be gone (a Redis pub/sub message
 	// published by a release or force release of the key). A hint is never

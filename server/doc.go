@@ -117,9 +117,15 @@
 // keep the key for its whole TTL: sending it the grant succeeds into the
 // socket buffer. A failed send releases the grant at once. The claim is
 // safe for a live client: its validity is measured from when it sent the
-// wait, before the grant, and it acts only once the claiming renewal is
-// acknowledged; a renewal arriving after the claim deadline is refused, as
-// the release may already be proposed. A new leader cannot know whether a
+// wait, before the grant, and until the claiming renewal is acknowledged it
+// ends no later than that moment plus claim_within (less its drift), before
+// the leader's claim deadline (the handover plus Config.ClaimWindow); a
+// renewal arriving after the claim deadline is refused, as the release may
+// already be proposed. So the client may act on the grant at once and
+// claim it in the background (the dlock library does: the claim is its
+// lease's first renewal, a few milliseconds after the grant, and a lease
+// released before that never sends it), which keeps the claim's round trip
+// off a contended key's handoff. A new leader cannot know whether a
 // claim reached its predecessor, so it treats every grant as claimed
 // (late, never early).
 //

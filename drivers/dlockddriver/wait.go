@@ -31,6 +31,12 @@ import (
 // renewal it returns that error, and the root package releases in the
 // background.
 //
+// With req.ConfirmLater (the root package sets it), Wait does not claim:
+// it returns the grant at once with Grant.ConfirmWithin set to the claim
+// window, and the caller's first Renew is the claim. The server's claim
+// deadline is the handover plus the window, later than the wait request's
+// sending plus the window, which bounds the caller's validity until then.
+//
 // Claiming does not weaken the validity the root package computes: the root
 // measures it from the moment it sent the wait request, which is before the
 // server made the grant and so before the server's countdown started; the
@@ -64,6 +70,13 @@ func (d *Driver) wait(ctx context.Context, req driver.AcquireRequest, k grantKin
 		}
 		g := d.grant(req, resp.GetFence())
 		if resp.GetClaimWithin() == nil {
+			return g, nil
+		}
+		if req.ConfirmLater {
+			// The caller claims it with its first renewal (the root
+			// package renews such a grant within a few milliseconds, and
+			// a lease released sooner never needs the claim at all).
+			g.ConfirmWithin = resp.GetClaimWithin().AsDuration()
 			return g, nil
 		}
 		err = d.claim(ctx, req, resp.GetClaimWithin().AsDuration())

@@ -1,0 +1,108 @@
+package dlockddriver_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/driver"
+	"github.com/dlock-dev/dlock/server/servertest"
+)
+
+// TestWaiter_ConfirmLaterReturnsTheHandoverUnclaimed: with
+// AcquireRequest.ConfirmLater, Wait returns a handed-over grant at once with
+// the server's claim window in Grant.ConfirmWithin and sends no claim, so
+// the server passes the key to the next waiter when the window ends; the
+// root package claims it with its first renewal, so a lease acquired
+// through it keeps the key past the window, and one released at once hands
+// the key on without ever claiming it.
+func TestWaiter_ConfirmLaterReturnsTheHandoverUnclaimed(t *testing.T) {
+	const window = 300 * time.Millisecond
+	cfg := servertest.Config(t, t.TempDir())
+	cfg.ClaimWindow = window
+	srv := servertest.StartEmbedded(t, cfg)
+	ctx := t.Context()
+	req := func(tag string) driver.AcquireRequest {
+		return driver.AcquireRequest{Key: "confirm/k", Owner: "owner-" + tag + "-0123456789", TTL: time.Minute}
+	}
+
+	t.Run("driver: not claimed, passed on after the window", func(t *testing.T) {
+		a, b, c := dial(t, srv.Addr(), nil), dial(t, srv.Addr(), nil), dial(t, srv.Addr(), nil)
+		if _, err := a.TryAcquire(ctx, req("a")); err != nil {
+			t.Fatal(err)
+		}
+		rb := req("b")
+		rb.ConfirmLater = true
+		bWait := goWait(ctx, b, rb)
+		awaitWaiters(t, a, "confirm/k", 1)
+		cWait := goWait(ctx, c, req("c"))
+		awaitWaiters(t, a, "confirm/k", 2)
+		if err := a.Release(ctx, "confirm/k", req("a").Owner); err != nil {
+			t.Fatal(err)
+		}
+		gb := recvWait(t, bWait, 5*time.Second)
+		if gb.ConfirmWithin != window {
+			t.Fatalf("ConfirmWithin = %v, want the server's claim window %v", gb.ConfirmWithin, window)
+		}
+		// b never renews: the server passes the key to c.
+		gc := recvWait(t, cWait, 5*time.Second)
+		if gc.Fence <= gb.Fence || gc.ConfirmWithin != 0 {
+			t.Fatalf("c's grant %+v after b's fence %d, want a greater fence, claimed by Wait", gc, gb.Fence)
+		}
+		select {
+		case <-gb.Lost:
+		case <-time.After(5 * time.Second):
+			t.Fatal("b's unclaimed grant was passed on, but b did not hear of its loss")
+		}
+		if err := c.Release(ctx, "confirm/k", req("c").Owner); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("root: claimed by the first renewal", func(t *testing.T) {
+		la, lb := dlock.New(dial(t, srv.Addr(), nil)), dlock.New(dial(t, srv.Addr(), nil))
+		defer la.Close()
+		defer lb.Close()
+		held, err := la.TryAcquire(ctx, "confirm/k", dlock.WithTTL(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		type result struct {
+			ls   *dlock.Lease
+			sent time.Time
+			err  error
+		}
+		got := make(chan result, 1)
+		go func() {
+			sent := time.Now()
+			// TTL 10 s: drift 102 ms, less than the window.
+			ls, err := lb.Acquire(ctx, "confirm/k", dlock.WithTTL(10*time.Second))
+			got <- result{ls, sent, err}
+		}()
+		inspector := dial(t, srv.Addr(), nil)
+		awaitWaiters(t, inspector, "confirm/k", 1)
+		if err := held.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r := <-got
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if left := r.ls.Deadline().Sub(r.sent); left > window {
+			t.Fatalf("deadline %v after the wait was sent, want within the claim window %v until claimed", left, window)
+		}
+		time.Sleep(3 * window)
+		if err := r.ls.Err(); err != nil {
+			t.Fatalf("after 3 claim windows the lease is %v, want held (claimed by its renewal)", err)
+		}
+		if cur, err := inspector.CheckFence(ctx, "confirm/k", r.ls.Fence()); err != nil || !cur {
+			t.Fatalf("CheckFence = %v, %v; want the lease's grant current", cur, err)
+		}
+		if left := time.Until(r.ls.Deadline()); left < 8*time.Second {
+			t.Fatalf("validity left %v after the claim, want about a full TTL", left)
+		}
+		if err := r.ls.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
