@@ -26,8 +26,20 @@ type lockInput struct {
 	key      string
 	owner    string
 	ttl      time.Duration // requested (0 on a Renew: keep the grant's)
+	claim    time.Duration // an Acquire's unconfirmed handover window (Op.ClaimWithin); 0: none
 	invoke   time.Duration
 	complete time.Duration
+}
+
+// grantUntil is the validity end an Acquire gives its grant: its send time
+// plus its TTL, or plus its claim window while a handover is unconfirmed
+// (the earlier of the two), less the drift (historytest's validityOf).
+func (in lockInput) grantUntil() time.Duration {
+	t := in.ttl
+	if in.claim > 0 {
+		t = min(t, in.claim)
+	}
+	return in.invoke + t - historytest.Drift(in.ttl)
 }
 
 // lockOutput is the store's answer: always OK here (refusals and calls
@@ -86,7 +98,7 @@ var lockModel = porcupine.Model{
 		case historytest.Acquire:
 			if s.owner == in.owner && s.owner != "" && out.fence == s.fence {
 				s.ttl = in.ttl
-				s.until = max(s.until, in.invoke+in.ttl-historytest.Drift(in.ttl))
+				s.until = max(s.until, in.grantUntil())
 				return true, s
 			}
 			// Another fence for the same owner is a new grant: legal, as
@@ -97,7 +109,7 @@ var lockModel = porcupine.Model{
 			if out.fence <= s.fence {
 				return false, s
 			}
-			return true, lockState{owner: in.owner, fence: out.fence, ttl: in.ttl, until: in.invoke + in.ttl - historytest.Drift(in.ttl)}
+			return true, lockState{owner: in.owner, fence: out.fence, ttl: in.ttl, until: in.grantUntil()}
 		case historytest.Renew:
 			if s.owner != in.owner {
 				return false, s
@@ -159,7 +171,7 @@ func lockOperations(ops []historytest.Op) []porcupine.Operation {
 		}
 		out = append(out, porcupine.Operation{
 			ClientId: op.Client,
-			Input:    lockInput{kind: op.Kind, key: op.Key, owner: op.Owner, ttl: ttl, invoke: op.Invoke, complete: op.Complete},
+			Input:    lockInput{kind: op.Kind, key: op.Key, owner: op.Owner, ttl: ttl, claim: op.ClaimWithin, invoke: op.Invoke, complete: op.Complete},
 			Call:     int64(op.Invoke),
 			Output:   lockOutput{fence: op.Fence},
 			Return:   int64(op.Complete),

@@ -34,3 +34,30 @@ func TestLockModel_SameOwnerNewFence(t *testing.T) {
 		}
 	}
 }
+
+// TestLockModel_UnconfirmedHandoverEndsAtItsWindow: a grant handed over
+// unconfirmed (ClaimWithin, dlockd's claim window) is valid only to its
+// window until a renewal confirms it, so a store that passes the key on
+// after the window is legal; with a renewal in the window it is not.
+func TestLockModel_UnconfirmedHandoverEndsAtItsWindow(t *testing.T) {
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	a := historytest.Op{Kind: historytest.Acquire, Key: "k", Owner: "owner-a", TTL: 30 * time.Second, Invoke: 0, Complete: ms(10), Outcome: historytest.OK, Fence: 2, GrantTTL: 30 * time.Second, ClaimWithin: time.Second}
+	renewA := historytest.Op{Kind: historytest.Renew, Key: "k", Owner: "owner-a", TTL: 30 * time.Second, Invoke: ms(20), Complete: ms(30), Outcome: historytest.OK}
+	b := historytest.Op{Kind: historytest.Acquire, Key: "k", Owner: "owner-b", TTL: 30 * time.Second, Invoke: ms(100), Complete: ms(2000), Outcome: historytest.OK, Fence: 3, GrantTTL: 30 * time.Second}
+	noClaim := a
+	noClaim.ClaimWithin = 0
+	cases := []struct {
+		name string
+		ops  []historytest.Op
+		want string
+	}{
+		{"unconfirmed, passed on after the window", []historytest.Op{a, b}, "ok"},
+		{"confirmed in the window, passed on", []historytest.Op{a, renewA, b}, "illegal"},
+		{"no window, passed on before the TTL", []historytest.Op{noClaim, b}, "illegal"},
+	}
+	for _, c := range cases {
+		if got := checkLinearizable(c.ops, nil); got != c.want {
+			t.Errorf("%s: %s, want %s", c.name, got, c.want)
+		}
+	}
+}

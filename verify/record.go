@@ -81,7 +81,7 @@ func (r *RecordingDriver) grant(req driver.AcquireRequest, inv time.Duration, g 
 		Invoke: inv, Complete: r.rec.Now(), Outcome: outcome(err), Note: how,
 	}
 	if err == nil {
-		op.Fence, op.GrantTTL = g.Fence, req.TTL
+		op.Fence, op.GrantTTL, op.ClaimWithin = g.Fence, req.TTL, g.ConfirmWithin
 	} else {
 		op.Note += ": " + errText(err)
 	}
