@@ -10,6 +10,8 @@
 #   3. prints the top functions of both and the cell's cycles/s, and leaves
 #      the profiles in PROFILE_OUT (default a temp dir, printed);
 #   4. stops the dlockd it started, by PID.
+# PROFILE_WORKLOAD=w2 profiles a W2 cell instead: the clients queue on one
+# key, and a cycle is a handoff.
 # Usage: scripts/profile-w1.sh            (or PROFILE_OUT=/tmp/p PROFILE_SECONDS=30 ...)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,6 +49,7 @@ done
     "http://127.0.0.1:$port/debug/pprof/profile?seconds=$((secs - 4))" ) &
 srv=$!
 BENCH_PROFILE_STORE="dlockd://127.0.0.1:$port" BENCH_PROFILE_SERVER_PID=$pid BENCH_PROFILE_CLIENTS=$clients BENCH_DURATION=${secs}s \
+  BENCH_PROFILE_WORKLOAD=${PROFILE_WORKLOAD:-w1} \
   "$work/bench.test" -test.run '^$' -test.bench ProfileW1 -test.benchtime 1x \
   -test.cpuprofile "$out/client.prof" | tee "$out/bench.txt"
 wait "$srv"

@@ -9,14 +9,22 @@ import (
 )
 
 // BenchmarkHandoff measures W2's server path without gRPC: n goroutines
-// on one key, each in a loop of acquire with wait, the claim renewal of a
-// handed-over grant, and release (fsync on), as dlock bench's W2 clients
-// do; handoffs/s is the rate of grants, entries/handoff the log entries
-// written per grant (the release's and the previous holder's new queue
-// entry, shared when they go in one entry).
+// on one key, each in a loop of acquire with wait and release (fsync on);
+// handoffs/s is the rate of grants, entries/handoff the log entries written
+// per grant (the release's and the previous holder's new queue entry,
+// shared when they go in one entry). With claim=before, a handed-over grant
+// is claimed (a renewal) before it is released, as the dlockd driver's Wait
+// does for a caller that does not confirm grants itself; with claim=none it
+// is released unclaimed, as the dlock library's W2 leases are (the claim is
+// a lease's first renewal, due a few milliseconds after the grant).
 func BenchmarkHandoff(b *testing.B) {
-	for _, n := range []int{8, 64} {
-		b.Run(fmt.Sprint("waiters=", n), func(b *testing.B) {
+	for _, c := range []struct {
+		n     int
+		claim bool
+	}{{8, true}, {8, false}, {64, true}, {64, false}} {
+		claim := map[bool]string{true: "before", false: "none"}[c.claim]
+		n := c.n
+		b.Run(fmt.Sprintf("waiters=%d/claim=%s", n, claim), func(b *testing.B) {
 			s := startBenchServer(b)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()
@@ -45,7 +53,7 @@ func BenchmarkHandoff(b *testing.B) {
 						mu.Lock()
 						grants++
 						mu.Unlock()
-						if out.claimWithin > 0 {
+						if c.claim && out.claimWithin > 0 {
 							if ok, err := s.renew([]renewIn{{key: out.key, owner: owner, ttl: time.Minute}}); err != nil || !ok[0] {
 								b.Errorf("claim: %v %v", ok, err)
 								return

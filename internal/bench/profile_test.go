@@ -11,7 +11,9 @@ import (
 )
 
 // BenchmarkProfileW1 runs one W1 cell (BENCH_PROFILE_CLIENTS clients, default
-// 64, each on its own key, for BENCH_DURATION, default 10 s) against the
+// 64, each on its own key, for BENCH_DURATION, default 10 s), or with
+// BENCH_PROFILE_WORKLOAD=w2 one W2 cell (the clients queue on one key; a
+// cycle is then a handoff, and the gap p50 is reported too), against the
 // store at BENCH_PROFILE_STORE, so that go test's -cpuprofile records the
 // client side of the cycle (the dlock library and the driver) while the
 // server's own profile is taken from its --pprof endpoint. It does nothing
@@ -39,15 +41,34 @@ func BenchmarkProfileW1(b *testing.B) {
 	}
 	clients := envInt(b, "BENCH_PROFILE_CLIENTS", 64)
 	server := envInt(b, "BENCH_PROFILE_SERVER_PID", 0)
+	w2 := false
+	switch w := os.Getenv("BENCH_PROFILE_WORKLOAD"); w {
+	case "", "w1":
+	case "w2":
+		w2 = true
+	default:
+		b.Fatalf("BENCH_PROFILE_WORKLOAD %q: want w1 or w2", w)
+	}
 	for b.Loop() {
 		c0, s0 := processCost(b, os.Getpid()), processCost(b, server)
-		r, err := uncontended(context.Background(), store, clients, dur)
-		if err != nil {
-			b.Fatal(err)
+		var rate float64
+		if w2 {
+			r, err := contended(context.Background(), store, clients, dur)
+			if err != nil {
+				b.Fatal(err)
+			}
+			rate = r.HandoffsPerSec
+			b.ReportMetric(r.GapP50Us, "gap-p50-µs")
+		} else {
+			r, err := uncontended(context.Background(), store, clients, dur)
+			if err != nil {
+				b.Fatal(err)
+			}
+			rate = r.CyclesPerSec
 		}
 		c1, s1 := processCost(b, os.Getpid()), processCost(b, server)
-		cycles := r.CyclesPerSec * dur.Seconds()
-		b.ReportMetric(r.CyclesPerSec, "cycles/s")
+		cycles := rate * dur.Seconds()
+		b.ReportMetric(rate, "cycles/s")
 		b.ReportMetric(float64(c1.cpu-c0.cpu)/float64(time.Microsecond)/cycles, "client-cpu-µs/cycle")
 		b.ReportMetric(float64(c1.syscalls-c0.syscalls)/cycles, "client-rw-syscalls/cycle")
 		if server > 0 {
