@@ -45,8 +45,9 @@ func (l *Locker) acquire(ctx context.Context, key string, wait bool, o options) 
 	stop := context.AfterFunc(l.closeCtx, func() { cancel(ErrClosed) })
 	defer stop()
 
-	req := driver.AcquireRequest{Key: key, Owner: newOwnerToken(), TTL: o.ttl, Holder: o.holder, ConfirmLater: true}
+	req := driver.AcquireRequest{Key: key, Owner: newOwnerToken(), TTL: o.ttl, Holder: o.holder}
 	waiter, canWait := l.drv.(driver.Waiter)
+	unconfirmed, _ := l.drv.(driver.UnconfirmedWaiter)
 	var hints <-chan struct{}
 	budget := o.retryBudget(wait)
 	var (
@@ -68,13 +69,16 @@ func (l *Locker) acquire(ctx context.Context, key string, wait bool, o options) 
 		// that is failing would have to be cancelled on it when ctx ends.
 		waited := wait && canWait && outage.IsZero()
 		if waited {
-			g, err = waiter.Wait(driver.WithOpTimeout(actx, o.opTimeout), req)
-			if err == nil && (time.Since(sent) >= o.effectiveHeartbeat() || g.ConfirmWithin > 0 && time.Since(sent) >= (min(o.ttl, g.ConfirmWithin)-o.effectiveDrift())/2) {
+			wctx := driver.WithOpTimeout(actx, o.opTimeout)
+			if unconfirmed != nil {
+				g, err = unconfirmed.WaitUnconfirmed(wctx, req)
+			} else {
+				g, err = waiter.Wait(wctx, req)
+			}
+			if err == nil && (time.Since(sent) >= o.effectiveHeartbeat() || g.ConfirmWithin > 0 && !unconfirmedUsable(g, sent, o)) {
 				// The grant came by notification some time after the
 				// request was sent; re-anchor validity with a renewal
-				// (which also confirms a handed-over grant: one that came
-				// too late in its window, or with a window shorter than
-				// twice the drift, is not returned unconfirmed).
+				// (which also confirms a handed-over grant).
 				sent, err = l.confirm(actx, req, o)
 				g.ConfirmWithin = 0
 				if errors.Is(err, ErrLeaseLost) {
@@ -244,6 +248,19 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// unconfirmedUsable reports whether a grant handed over unconfirmed
+// (Grant.ConfirmWithin) may become a lease before its confirmation, the
+// lease's first renewal: the validity it gives, from the wait's send to
+// the send plus the window (or the TTL, if shorter) less the drift, must
+// be at least half of that window, and less than half of it may have
+// passed, so that the confirmation has time to come back. Otherwise the
+// grant is confirmed before Acquire returns.
+func unconfirmedUsable(g driver.Grant, sent time.Time, o options) bool {
+	window := min(o.ttl, g.ConfirmWithin)
+	valid := window - o.effectiveDrift()
+	return valid >= window/2 && time.Since(sent) < valid/2
 }
 
 // confirm renews a grant that arrived by notification, so that its validity

@@ -13,25 +13,29 @@ import (
 )
 
 // handoverWaiter grants through memdriver's queue and, as dlockd does with
-// its claim window, returns each grant unconfirmed (Grant.ConfirmWithin)
-// when the request allows it, after delay.
+// its claim window, returns each grant of WaitUnconfirmed unconfirmed
+// (Grant.ConfirmWithin), after delay.
 type handoverWaiter struct {
 	*countingDriver
 	within time.Duration
 	delay  time.Duration
-	asked  []bool // each Wait's req.ConfirmLater
+	asked  int // WaitUnconfirmed calls
 }
 
-func (h *handoverWaiter) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+func (h *handoverWaiter) WaitUnconfirmed(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
 	h.mu.Lock()
-	h.asked = append(h.asked, req.ConfirmLater)
+	h.asked++
 	h.mu.Unlock()
 	g, err := h.Driver.(driver.Waiter).Wait(ctx, req)
 	time.Sleep(h.delay)
-	if err == nil && req.ConfirmLater {
+	if err == nil {
 		g.ConfirmWithin = h.within
 	}
 	return g, err
+}
+
+func (h *handoverWaiter) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	return h.Driver.(driver.Waiter).Wait(ctx, req)
 }
 
 // TestAcquire_UnconfirmedHandoverIsBoundedUntilRenewed: a grant handed over
@@ -48,8 +52,8 @@ func TestAcquire_UnconfirmedHandoverIsBoundedUntilRenewed(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(h.asked) != 1 || !h.asked[0] {
-			t.Fatalf("Wait saw ConfirmLater %v, want true", h.asked)
+		if h.asked != 1 {
+			t.Fatalf("%d WaitUnconfirmed calls, want 1 (the root prefers it to Wait)", h.asked)
 		}
 		if n := h.renewCount(); n != 0 {
 			t.Fatalf("%d renewals before Acquire returned, want none (the handover is confirmed after)", n)
@@ -168,6 +172,114 @@ func TestAcquire_ShortWindowHandoverIsConfirmedFirst(t *testing.T) {
 		}
 		if left := time.Until(ls.Deadline()); left != 30*time.Second-302*time.Millisecond {
 			t.Fatalf("validity left %v, want a full TTL less drift from the confirmation", left)
+		}
+		_ = ls.Release(t.Context())
+	})
+}
+
+// slowAnswer renews on the store at once but answers only after delay (a
+// slow way back: the store has the confirmation, the client does not yet).
+type slowAnswer struct {
+	*memdriver.Driver
+	delay time.Duration
+}
+
+func (s slowAnswer) Renew(ctx context.Context, key, owner string, ttl time.Duration) error {
+	err := s.Driver.Renew(context.WithoutCancel(ctx), key, owner, ttl)
+	select {
+	case <-time.After(s.delay):
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// TestAcquire_ThinWindowHandoverIsConfirmedFirst: a window that the drift
+// nearly uses up (dlockd's default 5 s against a TTL of 8m15s: drift
+// 4.952 s, 48 ms left) is not relied on: the grant is confirmed before
+// Acquire returns, and a confirmation answered in 50 ms keeps the lease.
+func TestAcquire_ThinWindowHandoverIsConfirmedFirst(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := &handoverWaiter{countingDriver: &countingDriver{Driver: slowAnswer{memdriver.New(memdriver.NewStore()), 50 * time.Millisecond}}, within: 5 * time.Second}
+		l := dlock.New(h)
+		defer l.Close()
+		ls, err := l.Acquire(t.Context(), "k", dlock.WithTTL(8*time.Minute+15*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := h.renewCount(); n != 1 {
+			t.Fatalf("%d renewals before Acquire returned, want the one confirmation", n)
+		}
+		time.Sleep(200 * time.Millisecond)
+		if err := ls.Err(); err != nil {
+			t.Fatalf("lease lost 200 ms after a healthy handover: %v", err)
+		}
+		_ = ls.Release(t.Context())
+	})
+}
+
+// TestAcquire_UnconfirmedHandoverLostLateIsReleased: a confirmation that
+// reached the store but was answered after the lease's window loses the
+// lease, and the lease then releases the grant the store still holds, so
+// the key is not left to nobody for a TTL.
+func TestAcquire_UnconfirmedHandoverLostLateIsReleased(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memdriver.NewStore()
+		h := &handoverWaiter{countingDriver: &countingDriver{Driver: slowAnswer{memdriver.New(store), 2 * time.Second}}, within: time.Second}
+		l := dlock.New(h)
+		defer l.Close()
+		ls, err := l.Acquire(t.Context(), "k", dlock.WithTTL(30*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-ls.Done()
+		if !errors.Is(ls.Err(), dlock.ErrLeaseLost) {
+			t.Fatalf("Err = %v, want ErrLeaseLost", ls.Err())
+		}
+		synctest.Wait()
+		other := dlock.New(memdriver.New(store))
+		defer other.Close()
+		o, err := other.TryAcquire(t.Context(), "k", dlock.WithTTL(time.Second))
+		if err != nil {
+			t.Fatalf("after the lost handover, another client's TryAcquire: %v; want the key free (released)", err)
+		}
+		_ = o.Release(t.Context())
+	})
+}
+
+// waitOnly forwards Wait but not WaitUnconfirmed, as a wrapper written
+// before driver.UnconfirmedWaiter would.
+type waitOnly struct{ *handoverWaiter }
+
+func (w waitOnly) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	return w.handoverWaiter.Wait(ctx, req)
+}
+
+// TestAcquire_WrapperWithoutWaitUnconfirmedUsesWait: a driver that is only
+// a Waiter is waited on with Wait, whose grants are confirmed, and its
+// lease runs a full TTL from the send.
+func TestAcquire_WrapperWithoutWaitUnconfirmedUsesWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := &handoverWaiter{countingDriver: &countingDriver{Driver: memdriver.New(memdriver.NewStore())}, within: time.Second}
+		var d driver.Driver = struct {
+			driver.Driver
+			driver.Waiter
+		}{h, waitOnly{h}}
+		if _, ok := d.(driver.UnconfirmedWaiter); ok {
+			t.Fatal("the wrapper implements UnconfirmedWaiter")
+		}
+		l := dlock.New(d)
+		defer l.Close()
+		sent := time.Now()
+		ls, err := l.Acquire(t.Context(), "k", dlock.WithTTL(30*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.asked != 0 {
+			t.Fatalf("%d WaitUnconfirmed calls through a wrapper that does not forward it", h.asked)
+		}
+		if got := ls.Deadline().Sub(sent); got != 30*time.Second-302*time.Millisecond {
+			t.Fatalf("deadline %v after the send, want a full TTL less drift", got)
 		}
 		_ = ls.Release(t.Context())
 	})

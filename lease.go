@@ -316,6 +316,13 @@ func (ls *Lease) lose(reason string, cause error) {
 	close(ls.done)
 	ls.stopHeartbeat()
 	l.forget(ls)
+	if ls.unconfirmed && reason == LostExpired {
+		// A handover whose confirmation came back too late (or never)
+		// may still be held by the store, for a full TTL if the
+		// confirmation reached it: release it (by owner token, so
+		// nothing else is touched) rather than leave the key to nobody.
+		l.cleanup(driver.AcquireRequest{Key: ls.key, Owner: ls.owner, TTL: ls.opts.ttl}, ls.opts)
+	}
 	l.observer(ls.opts).LeaseEnded(EndEvent{
 		Store: l.store, KeyClass: ls.opts.keyClass, Held: time.Since(ls.start), TTL: ls.opts.ttl,
 		Lost: true, LostReason: reason,

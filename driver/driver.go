@@ -260,12 +260,6 @@ type AcquireRequest struct {
 	// Holder is a human-readable description of the holder (host, pid,
 	// job), stored where the store can keep it for inspection. May be empty.
 	Holder string
-	// ConfirmLater tells Waiter.Wait that the caller confirms a handed-over
-	// grant itself, with a Renew: Wait may then return a grant with
-	// Grant.ConfirmWithin set instead of confirming it before it returns
-	// (a round trip taken off a contended key's handoff). The root package
-	// sets it. When false, Wait returns only confirmed grants.
-	ConfirmLater bool
 }
 
 // Grant is what a store returns for a successful acquisition.
@@ -284,8 +278,9 @@ type Grant struct {
 	// window): until a Renew of the grant succeeds, the grant is valid only
 	// to the request's sending plus ConfirmWithin (less the drift), and the
 	// store passes the key to its next waiter when no Renew reaches it
-	// within ConfirmWithin of the handover. Only a Wait whose request had
-	// ConfirmLater returns it; it is 0 for every other grant.
+	// within ConfirmWithin of the handover. Only
+	// UnconfirmedWaiter.WaitUnconfirmed returns it; it is 0 for every other
+	// grant.
 	ConfirmWithin time.Duration
 	// Recheck, when not nil, receives a value (sent without blocking) when
 	// the store hints that this grant may be gone (a Redis pub/sub message
@@ -329,6 +324,28 @@ type Waiter interface {
 	// the wait (queued it or granted the key) within it does not answer,
 	// and Wait returns a store error, as any other call would.
 	Wait(ctx context.Context, req AcquireRequest) (Grant, error)
+}
+
+// UnconfirmedWaiter is implemented by Waiters whose store hands a released
+// key to its head waiter and then asks the new holder to confirm the grant
+// within a window, or passes the key on (dlockd's claim window, which
+// frees a key handed to a waiter that vanished without closing its
+// connection). Wait confirms such a grant before it returns, one more
+// round trip on a contended key's handoff; WaitUnconfirmed leaves that to
+// the caller. The root package calls it instead of Wait when the driver
+// implements it, so a wrapper that forwards only Wait keeps the root on
+// Wait, which is always safe.
+type UnconfirmedWaiter interface {
+	Waiter
+	// WaitUnconfirmed is Wait, except that a grant the store asks the
+	// holder to confirm is returned before the confirmation, with
+	// Grant.ConfirmWithin set to the store's window. The caller must then
+	// Renew the grant within that window, and until a Renew succeeds the
+	// grant is valid only to the moment the caller called WaitUnconfirmed
+	// plus ConfirmWithin, less the drift: the store's window starts at the
+	// handover, which is later. A grant that needs no confirmation has
+	// ConfirmWithin 0, as from Wait.
+	WaitUnconfirmed(ctx context.Context, req AcquireRequest) (Grant, error)
 }
 
 type opTimeoutKey struct{}

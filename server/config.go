@@ -213,7 +213,13 @@ type Config struct {
 	// granted on a release or an expiry) has to confirm it with a renewal,
 	// before the grant is released to the next waiter: a waiter that
 	// vanished without closing its connection must not keep the key for a
-	// whole TTL. Default 5s.
+	// whole TTL. Default 5s. The grant tells the waiter the window of the
+	// node that answered it, and a client may act on the grant for that
+	// long before its claim is acknowledged (driver.UnconfirmedWaiter), so
+	// every member of a cluster must run the same window: to shorten it,
+	// restart the members one by one with the new window only while no
+	// client waits, or accept that a grant handed over during the change
+	// may be passed on before its holder's validity ends.
 	ClaimWindow time.Duration
 	// MaxWaiters bounds the queue entries of the whole lock table. Default
 	// 100,000.
@@ -547,7 +553,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "serve net/http/pprof under /debug/pprof/ on the API port")
 	// Lock-table safety settings.
 	fs.DurationVar(&c.LockDelay, "lock-delay", c.LockDelay, "after a grant is lost without a release, grant its key to nobody for this long (a request may set its own, up to its TTL)")
-	fs.DurationVar(&c.ClaimWindow, "claim-window", c.ClaimWindow, "a waiter handed a key must confirm the grant (renew) within this, or it goes to the next waiter")
+	fs.DurationVar(&c.ClaimWindow, "claim-window", c.ClaimWindow, "a waiter handed a key must confirm the grant (renew) within this, or it goes to the next waiter; run every member with the same window")
 	fs.IntVar(&c.MaxWaiters, "max-waiters", c.MaxWaiters, "queue entries limit of the server")
 
 	// Connection and stream limits.

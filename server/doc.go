@@ -122,10 +122,12 @@
 // the leader's claim deadline (the handover plus Config.ClaimWindow); a
 // renewal arriving after the claim deadline is refused, as the release may
 // already be proposed. So the client may act on the grant at once and
-// claim it in the background (the dlock library does: the claim is its
-// lease's first renewal, a few milliseconds after the grant, and a lease
-// released before that never sends it), which keeps the claim's round trip
-// off a contended key's handoff. A new leader cannot know whether a
+// claim it in the background (the dlock library does, through the dlockd
+// driver's WaitUnconfirmed: the claim is its lease's first renewal, a few
+// milliseconds after the grant, and a lease released before that never
+// sends it), which keeps the claim's round trip off a contended key's
+// handoff. This needs every member to run the same Config.ClaimWindow: the
+// grant carries the answering node's, and the leader enforces its own. A new leader cannot know whether a
 // claim reached its predecessor, so it treats every grant as claimed
 // (late, never early).
 //

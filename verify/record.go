@@ -27,15 +27,27 @@ type recordingWaiter struct {
 	w driver.Waiter
 }
 
+// recordingUnconfirmedWaiter is a RecordingDriver over a
+// driver.UnconfirmedWaiter.
+type recordingUnconfirmedWaiter struct {
+	*recordingWaiter
+	u driver.UnconfirmedWaiter
+}
+
 // Record returns d wrapped in a RecordingDriver that records as client in
-// rec. The result implements driver.Waiter exactly when d does, so the
-// root client waits the way it would on d.
+// rec. The result implements driver.Waiter and driver.UnconfirmedWaiter
+// exactly when d does, so the root client waits the way it would on d.
 func Record(d driver.Driver, rec *historytest.Recorder, client int) driver.Driver {
 	r := &RecordingDriver{d: d, rec: rec, client: client}
-	if w, ok := d.(driver.Waiter); ok {
-		return &recordingWaiter{RecordingDriver: r, w: w}
+	w, ok := d.(driver.Waiter)
+	if !ok {
+		return r
 	}
-	return r
+	rw := &recordingWaiter{RecordingDriver: r, w: w}
+	if u, ok := d.(driver.UnconfirmedWaiter); ok {
+		return &recordingUnconfirmedWaiter{recordingWaiter: rw, u: u}
+	}
+	return rw
 }
 
 // outcome classifies a driver error: nil is OK, a refusal that leaves the
@@ -71,6 +83,15 @@ func (r *RecordingDriver) TryAcquire(ctx context.Context, req driver.AcquireRequ
 func (r *recordingWaiter) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
 	inv := r.rec.Now()
 	g, err := r.w.Wait(ctx, req)
+	r.grant(req, inv, g, err, "wait")
+	return g, err
+}
+
+// WaitUnconfirmed implements driver.UnconfirmedWaiter; the grant's claim
+// window (Grant.ConfirmWithin) is recorded as the Op's ClaimWithin.
+func (r *recordingUnconfirmedWaiter) WaitUnconfirmed(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	inv := r.rec.Now()
+	g, err := r.u.WaitUnconfirmed(ctx, req)
 	r.grant(req, inv, g, err, "wait")
 	return g, err
 }

@@ -9,14 +9,14 @@ import (
 	"github.com/dlock-dev/dlock/server/servertest"
 )
 
-// TestWaiter_ConfirmLaterReturnsTheHandoverUnclaimed: with
-// AcquireRequest.ConfirmLater, Wait returns a handed-over grant at once with
+// TestWaiter_WaitUnconfirmedReturnsTheHandoverUnclaimed: WaitUnconfirmed
+// returns a handed-over grant at once with
 // the server's claim window in Grant.ConfirmWithin and sends no claim, so
 // the server passes the key to the next waiter when the window ends; the
 // root package claims it with its first renewal, so a lease acquired
 // through it keeps the key past the window, and one released at once hands
 // the key on without ever claiming it.
-func TestWaiter_ConfirmLaterReturnsTheHandoverUnclaimed(t *testing.T) {
+func TestWaiter_WaitUnconfirmedReturnsTheHandoverUnclaimed(t *testing.T) {
 	const window = 300 * time.Millisecond
 	cfg := servertest.Config(t, t.TempDir())
 	cfg.ClaimWindow = window
@@ -31,9 +31,11 @@ func TestWaiter_ConfirmLaterReturnsTheHandoverUnclaimed(t *testing.T) {
 		if _, err := a.TryAcquire(ctx, req("a")); err != nil {
 			t.Fatal(err)
 		}
-		rb := req("b")
-		rb.ConfirmLater = true
-		bWait := goWait(ctx, b, rb)
+		bWait := make(chan waitResult, 1)
+		go func() {
+			g, err := b.WaitUnconfirmed(ctx, req("b"))
+			bWait <- waitResult{g, err}
+		}()
 		awaitWaiters(t, a, "confirm/k", 1)
 		cWait := goWait(ctx, c, req("c"))
 		awaitWaiters(t, a, "confirm/k", 2)

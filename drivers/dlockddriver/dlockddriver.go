@@ -86,12 +86,17 @@
 //     told of the grant by the server in the same Raft entry that released
 //     the previous holder: no polling. A grant handed over this way must be
 //     claimed within the server's claim window; Wait claims it (a renewal)
-//     before it returns, and queues again if the window passed. When the
-//     caller's context ends, Wait cancels on the same stream and returns only
-//     after the server has removed the queue entry (or released a grant that
-//     raced the cancellation), bounded by Options.CleanupTimeout; a wait
-//     that moved between members, or whose stream's node may not lead, is
-//     also cancelled with CancelWait on the leader.
+//     before it returns, and queues again if the window passed.
+//   - driver.UnconfirmedWaiter: WaitUnconfirmed returns a handed-over grant
+//     unclaimed, with the window in Grant.ConfirmWithin, and the caller's
+//     first renewal claims it (the root package's leases do, a few
+//     milliseconds after the grant), so the claim's round trip is not on a
+//     contended key's handoff. For both, when the caller's context ends, the
+//     wait cancels on the same stream and returns only after the server has
+//     removed the queue entry (or released a grant that raced the
+//     cancellation), bounded by Options.CleanupTimeout; a wait that moved
+//     between members, or whose stream's node may not lead, is also
+//     cancelled with CancelWait on the leader.
 //   - driver.Inspector: Inspect and List, linearizable reads on the leader;
 //     List follows the server's pages until the last.
 //   - driver.ForceReleaser: ForceRelease removes a grant whoever holds it,

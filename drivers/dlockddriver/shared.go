@@ -132,7 +132,13 @@ func (v *sharedView) TryAcquire(ctx context.Context, req driver.AcquireRequest) 
 // Wait implements driver.Waiter: it queues for a grant of the view's kind
 // in the key's FIFO queue on the server (see SharedView).
 func (v *sharedView) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
-	return v.d.wait(ctx, req, v.k)
+	return v.d.wait(ctx, req, v.k, false)
+}
+
+// WaitUnconfirmed implements driver.UnconfirmedWaiter: Wait for a grant of
+// the view's kind without the claim (see Driver.WaitUnconfirmed).
+func (v *sharedView) WaitUnconfirmed(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	return v.d.wait(ctx, req, v.k, true)
 }
 
 // Renew implements driver.Driver (the Driver's Renew: grants are renewed

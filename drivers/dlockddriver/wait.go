@@ -31,11 +31,7 @@ import (
 // renewal it returns that error, and the root package releases in the
 // background.
 //
-// With req.ConfirmLater (the root package sets it), Wait does not claim:
-// it returns the grant at once with Grant.ConfirmWithin set to the claim
-// window, and the caller's first Renew is the claim. The server's claim
-// deadline is the handover plus the window, later than the wait request's
-// sending plus the window, which bounds the caller's validity until then.
+// WaitUnconfirmed (below) skips the claim and leaves it to the caller.
 //
 // Claiming does not weaken the validity the root package computes: the root
 // measures it from the moment it sent the wait request, which is before the
@@ -46,11 +42,24 @@ import (
 // it does only while the window is open and the owner token still holds the
 // key: a grant already passed to the next waiter is never returned.
 func (d *Driver) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
-	return d.wait(ctx, req, grantKind{})
+	return d.wait(ctx, req, grantKind{}, false)
 }
 
-// wait is Wait for a grant of kind k (shared.go).
-func (d *Driver) wait(ctx context.Context, req driver.AcquireRequest, k grantKind) (driver.Grant, error) {
+// WaitUnconfirmed implements driver.UnconfirmedWaiter: it is Wait without
+// the claim. A grant handed over to the waiter is returned as soon as it
+// arrives, with Grant.ConfirmWithin set to the server's claim window, and
+// the caller's first Renew is the claim (the root package sends it as its
+// lease's first renewal, a few milliseconds after the grant; a lease
+// released sooner never sends it). The server's claim deadline is the
+// handover plus the window, later than the call plus the window, which
+// bounds the caller's validity until the claim is acknowledged.
+func (d *Driver) WaitUnconfirmed(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	return d.wait(ctx, req, grantKind{}, true)
+}
+
+// wait is Wait for a grant of kind k (shared.go); unconfirmed returns a
+// handed-over grant without claiming it (WaitUnconfirmed).
+func (d *Driver) wait(ctx context.Context, req driver.AcquireRequest, k grantKind, unconfirmed bool) (driver.Grant, error) {
 	if err := driver.CheckRequest(req); err != nil {
 		return driver.Grant{}, fmt.Errorf("dlockd: wait: %w", err)
 	}
@@ -72,10 +81,8 @@ func (d *Driver) wait(ctx context.Context, req driver.AcquireRequest, k grantKin
 		if resp.GetClaimWithin() == nil {
 			return g, nil
 		}
-		if req.ConfirmLater {
-			// The caller claims it with its first renewal (the root
-			// package renews such a grant within a few milliseconds, and
-			// a lease released sooner never needs the claim at all).
+		if unconfirmed {
+			// The caller claims it with its first renewal.
 			g.ConfirmWithin = resp.GetClaimWithin().AsDuration()
 			return g, nil
 		}

@@ -48,8 +48,9 @@ type RecordingDriver struct {
 }
 
 var (
-	_ driver.Driver = (*RecordingDriver)(nil)
-	_ driver.Waiter = (*RecordingDriver)(nil)
+	_ driver.Driver            = (*RecordingDriver)(nil)
+	_ driver.Waiter            = (*RecordingDriver)(nil)
+	_ driver.UnconfirmedWaiter = (*RecordingDriver)(nil)
 )
 
 // Record returns a RecordingDriver over d, which must implement
@@ -100,13 +101,28 @@ func (r *RecordingDriver) Wait(ctx context.Context, req driver.AcquireRequest) (
 	return g, err
 }
 
+// WaitUnconfirmed records an Acquire with wait whose handed-over grant may
+// come unclaimed: its claim window (Grant.ConfirmWithin) is recorded as
+// the Op's ClaimWithin, which bounds its validity until a renewal. Over a
+// driver that is not a driver.UnconfirmedWaiter it is Wait.
+func (r *RecordingDriver) WaitUnconfirmed(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	u, ok := r.w.(driver.UnconfirmedWaiter)
+	if !ok {
+		return r.Wait(ctx, req)
+	}
+	inv := r.rec.Now()
+	g, err := u.WaitUnconfirmed(ctx, req)
+	r.grant(req, inv, g, err, "wait")
+	return g, err
+}
+
 func (r *RecordingDriver) grant(req driver.AcquireRequest, inv time.Duration, g driver.Grant, err error, how string) {
 	op := historytest.Op{
 		Client: r.client, Kind: historytest.Acquire, Key: req.Key, Owner: req.Owner, TTL: req.TTL,
 		Invoke: inv, Complete: r.rec.Now(), Outcome: outcome(err), Note: how,
 	}
 	if err == nil {
-		op.Fence, op.GrantTTL = g.Fence, req.TTL
+		op.Fence, op.GrantTTL, op.ClaimWithin = g.Fence, req.TTL, g.ConfirmWithin
 	} else {
 		op.Note += ": " + note(err)
 	}
