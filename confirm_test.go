@@ -218,32 +218,32 @@ func TestAcquire_ThinWindowHandoverIsConfirmedFirst(t *testing.T) {
 	})
 }
 
-// TestAcquire_UnconfirmedHandoverLostLateIsReleased: a confirmation that
-// reached the store but was answered after the lease's window loses the
-// lease, and the lease then releases the grant the store still holds, so
-// the key is not left to nobody for a TTL.
-func TestAcquire_UnconfirmedHandoverLostLateIsReleased(t *testing.T) {
+// TestAcquire_UnconfirmedHandoverAnsweredLateIsLostAtItsWindow: a
+// confirmation that reached the store but was answered after the lease's
+// window loses the lease at the window's end, not later: the client never
+// relies on the confirmation it has not heard. (The store keeps the grant
+// to its TTL then, and a lock-delay after it, as for any renewal answered
+// after its lease's deadline: the lease does not release it, so that the
+// holder's in-flight writes land before the next holder starts.)
+func TestAcquire_UnconfirmedHandoverAnsweredLateIsLostAtItsWindow(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store := memdriver.NewStore()
 		h := &handoverWaiter{countingDriver: &countingDriver{Driver: slowAnswer{memdriver.New(store), 2 * time.Second}}, within: time.Second}
 		l := dlock.New(h)
 		defer l.Close()
+		sent := time.Now()
 		ls, err := l.Acquire(t.Context(), "k", dlock.WithTTL(30*time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
 		<-ls.Done()
+		drift := 30*time.Second/100 + 2*time.Millisecond
+		if d := time.Since(sent); d != time.Second-drift {
+			t.Fatalf("lost %v after the send, want at the window's end (%v)", d, time.Second-drift)
+		}
 		if !errors.Is(ls.Err(), dlock.ErrLeaseLost) {
 			t.Fatalf("Err = %v, want ErrLeaseLost", ls.Err())
 		}
-		synctest.Wait()
-		other := dlock.New(memdriver.New(store))
-		defer other.Close()
-		o, err := other.TryAcquire(t.Context(), "k", dlock.WithTTL(time.Second))
-		if err != nil {
-			t.Fatalf("after the lost handover, another client's TryAcquire: %v; want the key free (released)", err)
-		}
-		_ = o.Release(t.Context())
 	})
 }
 

@@ -90,8 +90,9 @@ func (l *Locker) newLease(req driver.AcquireRequest, g driver.Grant, sent time.T
 	}
 	// The heartbeat goroutine and the loss timer start heartbeatStart
 	// after the grant (never later than the validity deadline; the first
-	// renewal is due much later): a lease released sooner, as most leases
-	// of a busy lock are, starts neither.
+	// renewal is due much later, except a handover's confirmation, which
+	// the heartbeat sends as soon as it starts): a lease released sooner,
+	// as most leases of a busy lock are, starts neither.
 	start := min(heartbeatStart, o.effectiveHeartbeat(), time.Until(ls.deadline))
 	ls.hbStart = time.AfterFunc(start, func() {
 		ls.mu.Lock()
@@ -316,13 +317,6 @@ func (ls *Lease) lose(reason string, cause error) {
 	close(ls.done)
 	ls.stopHeartbeat()
 	l.forget(ls)
-	if ls.unconfirmed && reason == LostExpired {
-		// A handover whose confirmation came back too late (or never)
-		// may still be held by the store, for a full TTL if the
-		// confirmation reached it: release it (by owner token, so
-		// nothing else is touched) rather than leave the key to nobody.
-		l.cleanup(driver.AcquireRequest{Key: ls.key, Owner: ls.owner, TTL: ls.opts.ttl}, ls.opts)
-	}
 	l.observer(ls.opts).LeaseEnded(EndEvent{
 		Store: l.store, KeyClass: ls.opts.keyClass, Held: time.Since(ls.start), TTL: ls.opts.ttl,
 		Lost: true, LostReason: reason,
@@ -334,7 +328,9 @@ func (ls *Lease) lose(reason string, cause error) {
 // hints costs the store at most one renewal per gap.
 const recheckGap = 20 * time.Millisecond
 
-// heartbeat renews the lease every heartbeat interval while it is held. A
+// heartbeat renews the lease every heartbeat interval while it is held (the
+// first renewal of a grant handed over unconfirmed, its confirmation, at
+// once). A
 // renewal refused for its credentials (ErrPermissionDenied) loses the lease
 // at once. A renewal that fails with a store error is retried with
 // jittered backoff until the deadline; the loss timer, not this loop,

@@ -303,11 +303,15 @@ func (f *FaultDriver) Close() error { return f.inner.Close() }
 // Inner returns the wrapped driver.
 func (f *FaultDriver) Inner() driver.Driver { return f.inner }
 
-func (f *FaultDriver) wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
-	return f.waitVia(ctx, f.inner, req)
+func (f *FaultDriver) wait(ctx context.Context, req driver.AcquireRequest, unconfirmed bool) (driver.Grant, error) {
+	return f.waitVia(ctx, f.inner, req, unconfirmed)
 }
 
-func (f *FaultDriver) waitVia(ctx context.Context, inner driver.Driver, req driver.AcquireRequest) (driver.Grant, error) {
+// waitVia waits on inner through the faults; unconfirmed calls inner's
+// WaitUnconfirmed when it has one (driver.UnconfirmedWaiter), and its Wait
+// otherwise (a grant that needs no confirmation is a valid answer of
+// WaitUnconfirmed).
+func (f *FaultDriver) waitVia(ctx context.Context, inner driver.Driver, req driver.AcquireRequest, unconfirmed bool) (driver.Grant, error) {
 	if err := f.before(ctx); err != nil {
 		return driver.Grant{}, err
 	}
@@ -322,6 +326,9 @@ func (f *FaultDriver) waitVia(ctx context.Context, inner driver.Driver, req driv
 		f.waiting[req.Key]--
 		f.mu.Unlock()
 	}()
+	if u, ok := inner.(driver.UnconfirmedWaiter); ok && unconfirmed {
+		return u.WaitUnconfirmed(ctx, req)
+	}
 	return inner.(driver.Waiter).Wait(ctx, req)
 }
 
@@ -348,10 +355,21 @@ func (f *FaultDriver) listVia(ctx context.Context, inner driver.Driver, prefix s
 }
 
 func (f *faultWaiter) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
-	return f.wait(ctx, req)
+	return f.wait(ctx, req, false)
+}
+
+// WaitUnconfirmed implements driver.UnconfirmedWaiter: the wrapped
+// driver's, through the faults (its Wait when it has none).
+func (f *faultWaiter) WaitUnconfirmed(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	return f.wait(ctx, req, true)
 }
 func (f *faultFull) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
-	return f.wait(ctx, req)
+	return f.wait(ctx, req, false)
+}
+
+// WaitUnconfirmed implements driver.UnconfirmedWaiter (see faultWaiter's).
+func (f *faultFull) WaitUnconfirmed(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	return f.wait(ctx, req, true)
 }
 func (f *faultFull) Inspect(ctx context.Context, key string) (driver.HolderInfo, error) {
 	return f.inspect(ctx, key)

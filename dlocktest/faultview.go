@@ -119,11 +119,22 @@ func (v *faultView) Resume(ctx context.Context, req driver.AcquireRequest, fence
 func (v *faultView) Close() error { return v.inner.Close() }
 
 func (v *faultViewWaiter) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
-	return v.f.waitVia(ctx, v.inner, req)
+	return v.f.waitVia(ctx, v.inner, req, false)
+}
+
+// WaitUnconfirmed implements driver.UnconfirmedWaiter: the wrapped view's,
+// through the faults (its Wait when it has none).
+func (v *faultViewWaiter) WaitUnconfirmed(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	return v.f.waitVia(ctx, v.inner, req, true)
 }
 
 func (v *faultViewFull) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
-	return v.f.waitVia(ctx, v.inner, req)
+	return v.f.waitVia(ctx, v.inner, req, false)
+}
+
+// WaitUnconfirmed implements driver.UnconfirmedWaiter (see faultViewWaiter's).
+func (v *faultViewFull) WaitUnconfirmed(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	return v.f.waitVia(ctx, v.inner, req, true)
 }
 
 func (v *faultViewFull) Inspect(ctx context.Context, key string) (driver.HolderInfo, error) {

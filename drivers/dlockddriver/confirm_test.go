@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/dlocktest"
 	"github.com/dlock-dev/dlock/driver"
 	"github.com/dlock-dev/dlock/server/servertest"
 )
@@ -61,8 +62,25 @@ func TestWaiter_WaitUnconfirmedReturnsTheHandoverUnclaimed(t *testing.T) {
 		}
 	})
 
-	t.Run("root: claimed by the first renewal", func(t *testing.T) {
-		la, lb := dlock.New(dial(t, srv.Addr(), nil)), dlock.New(dial(t, srv.Addr(), nil))
+	for _, c := range []struct {
+		name string
+		wrap func(driver.Driver) driver.Driver
+	}{
+		{"root: claimed by the first renewal", func(d driver.Driver) driver.Driver { return d }},
+		// The conformance suite and dlock verify wrap every driver so.
+		{"root over dlocktest's FaultDriver: the same", func(d driver.Driver) driver.Driver { return dlocktest.NewFaultDriver(d, nil) }},
+	} {
+		t.Run(c.name, func(t *testing.T) { rootClaims(t, srv.Addr(), window, c.wrap) })
+	}
+}
+
+// rootClaims: a lease acquired through the root package on a handed-over
+// grant is bounded by the claim window until its first renewal claims it,
+// and then keeps the key past the window.
+func rootClaims(t *testing.T, addr string, window time.Duration, wrap func(driver.Driver) driver.Driver) {
+	ctx := t.Context()
+	{
+		la, lb := dlock.New(dial(t, addr, nil)), dlock.New(wrap(dial(t, addr, nil)))
 		defer la.Close()
 		defer lb.Close()
 		held, err := la.TryAcquire(ctx, "confirm/k", dlock.WithTTL(time.Minute))
@@ -81,7 +99,7 @@ func TestWaiter_WaitUnconfirmedReturnsTheHandoverUnclaimed(t *testing.T) {
 			ls, err := lb.Acquire(ctx, "confirm/k", dlock.WithTTL(10*time.Second))
 			got <- result{ls, sent, err}
 		}()
-		inspector := dial(t, srv.Addr(), nil)
+		inspector := dial(t, addr, nil)
 		awaitWaiters(t, inspector, "confirm/k", 1)
 		if err := held.Release(ctx); err != nil {
 			t.Fatal(err)
@@ -106,5 +124,5 @@ func TestWaiter_WaitUnconfirmedReturnsTheHandoverUnclaimed(t *testing.T) {
 		if err := r.ls.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
-	})
+	}
 }
