@@ -38,28 +38,56 @@ func (h *handoverWaiter) Wait(ctx context.Context, req driver.AcquireRequest) (d
 	return h.Driver.(driver.Waiter).Wait(ctx, req)
 }
 
+// newHandover returns a handoverWaiter over inner (memdriver's when nil)
+// whose grants come with the confirmation window within.
+func newHandover(inner driver.Driver, within time.Duration) *handoverWaiter {
+	if inner == nil {
+		inner = memdriver.New(memdriver.NewStore())
+	}
+	return &handoverWaiter{countingDriver: &countingDriver{Driver: inner}, within: within}
+}
+
+// acquireVia acquires "k" with ttl, waiting, through a Locker over d, and
+// returns the lease and when the acquisition was sent.
+func acquireVia(t *testing.T, d driver.Driver, ttl time.Duration) (*dlock.Lease, time.Time) {
+	t.Helper()
+	l := dlock.New(d)
+	t.Cleanup(func() { l.Close() })
+	sent := time.Now()
+	ls, err := l.Acquire(t.Context(), "k", dlock.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ls, sent
+}
+
+// drift30s is the client's drift for a TTL of 30 s (1% + 2 ms).
+const drift30s = 302 * time.Millisecond
+
+// awaitLost waits for ls to end and checks that it was lost.
+func awaitLost(t *testing.T, ls *dlock.Lease) {
+	t.Helper()
+	<-ls.Done()
+	if !errors.Is(ls.Err(), dlock.ErrLeaseLost) {
+		t.Fatalf("Err = %v, want ErrLeaseLost", ls.Err())
+	}
+}
+
 // TestAcquire_UnconfirmedHandoverIsBoundedUntilRenewed: a grant handed over
 // unconfirmed is returned at once, valid only to the request's sending plus
 // the confirmation window, and the lease's first renewal (its
 // confirmation) follows within milliseconds and restores a full TTL.
 func TestAcquire_UnconfirmedHandoverIsBoundedUntilRenewed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := &handoverWaiter{countingDriver: &countingDriver{Driver: memdriver.New(memdriver.NewStore())}, within: time.Second}
-		l := dlock.New(h)
-		defer l.Close()
-		sent := time.Now()
-		ls, err := l.Acquire(t.Context(), "k", dlock.WithTTL(30*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
+		h := newHandover(nil, time.Second)
+		ls, sent := acquireVia(t, h, 30*time.Second)
 		if h.asked != 1 {
 			t.Fatalf("%d WaitUnconfirmed calls, want 1 (the root prefers it to Wait)", h.asked)
 		}
 		if n := h.renewCount(); n != 0 {
 			t.Fatalf("%d renewals before Acquire returned, want none (the handover is confirmed after)", n)
 		}
-		drift := 30*time.Second/100 + 2*time.Millisecond
-		if got, want := ls.Deadline(), sent.Add(time.Second-drift); !got.Equal(want) {
+		if got, want := ls.Deadline(), sent.Add(time.Second-drift30s); !got.Equal(want) {
 			t.Fatalf("deadline %v after the send, want %v (the confirmation window less drift, not the TTL)", got.Sub(sent), want.Sub(sent))
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -83,21 +111,13 @@ func TestAcquire_UnconfirmedHandoverIsBoundedUntilRenewed(t *testing.T) {
 // refused (the store already passed the key on), the lease is lost at once.
 func TestAcquire_UnconfirmedHandoverRefusedIsLost(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := &handoverWaiter{countingDriver: &countingDriver{Driver: memdriver.New(memdriver.NewStore())}, within: time.Second}
+		h := newHandover(nil, time.Second)
 		h.renewErr = driver.ErrLeaseLost
-		l := dlock.New(h)
-		defer l.Close()
-		ls, err := l.Acquire(t.Context(), "k", dlock.WithTTL(30*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
+		ls, _ := acquireVia(t, h, 30*time.Second)
 		start := time.Now()
-		<-ls.Done()
+		awaitLost(t, ls)
 		if d := time.Since(start); d > 10*time.Millisecond {
 			t.Fatalf("lost %v after the grant, want at the confirmation (a few ms)", d)
-		}
-		if !errors.Is(ls.Err(), dlock.ErrLeaseLost) {
-			t.Fatalf("Err = %v, want ErrLeaseLost", ls.Err())
 		}
 	})
 }
@@ -107,22 +127,12 @@ func TestAcquire_UnconfirmedHandoverRefusedIsLost(t *testing.T) {
 // window's end, not the TTL's.
 func TestAcquire_UnconfirmedHandoverUnansweredExpiresInTheWindow(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := &handoverWaiter{countingDriver: &countingDriver{Driver: memdriver.New(memdriver.NewStore())}, within: time.Second}
+		h := newHandover(nil, time.Second)
 		h.renewErr = errors.New("connection reset")
-		l := dlock.New(h)
-		defer l.Close()
-		sent := time.Now()
-		ls, err := l.Acquire(t.Context(), "k", dlock.WithTTL(30*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		<-ls.Done()
-		drift := 30*time.Second/100 + 2*time.Millisecond
-		if d := time.Since(sent); d != time.Second-drift {
-			t.Fatalf("lost %v after the send, want at the window's end (%v)", d, time.Second-drift)
-		}
-		if !errors.Is(ls.Err(), dlock.ErrLeaseLost) {
-			t.Fatalf("Err = %v, want ErrLeaseLost", ls.Err())
+		ls, sent := acquireVia(t, h, 30*time.Second)
+		awaitLost(t, ls)
+		if d := time.Since(sent); d != time.Second-drift30s {
+			t.Fatalf("lost %v after the send, want at the window's end (%v)", d, time.Second-drift30s)
 		}
 	})
 }
@@ -132,18 +142,13 @@ func TestAcquire_UnconfirmedHandoverUnansweredExpiresInTheWindow(t *testing.T) {
 // the lease then runs from that confirmation.
 func TestAcquire_LateUnconfirmedHandoverIsConfirmedFirst(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := &handoverWaiter{countingDriver: &countingDriver{Driver: memdriver.New(memdriver.NewStore())}, within: time.Second, delay: 600 * time.Millisecond}
-		l := dlock.New(h)
-		defer l.Close()
-		ls, err := l.Acquire(t.Context(), "k", dlock.WithTTL(30*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
+		h := newHandover(nil, time.Second)
+		h.delay = 600 * time.Millisecond
+		ls, _ := acquireVia(t, h, 30*time.Second)
 		if n := h.renewCount(); n != 1 {
 			t.Fatalf("%d renewals before Acquire returned, want the one confirmation", n)
 		}
-		drift := 30*time.Second/100 + 2*time.Millisecond
-		if left := time.Until(ls.Deadline()); left != 30*time.Second-drift {
+		if left := time.Until(ls.Deadline()); left != 30*time.Second-drift30s {
 			t.Fatalf("validity left %v, want a full TTL less drift from the confirmation", left)
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -159,18 +164,12 @@ func TestAcquire_LateUnconfirmedHandoverIsConfirmedFirst(t *testing.T) {
 // before Acquire returns.
 func TestAcquire_ShortWindowHandoverIsConfirmedFirst(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		// TTL 30 s: drift 302 ms, more than the window.
-		h := &handoverWaiter{countingDriver: &countingDriver{Driver: memdriver.New(memdriver.NewStore())}, within: 200 * time.Millisecond}
-		l := dlock.New(h)
-		defer l.Close()
-		ls, err := l.Acquire(t.Context(), "k", dlock.WithTTL(30*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
+		h := newHandover(nil, 200*time.Millisecond) // TTL 30 s: drift 302 ms, more than the window
+		ls, _ := acquireVia(t, h, 30*time.Second)
 		if n := h.renewCount(); n != 1 {
 			t.Fatalf("%d renewals before Acquire returned, want the one confirmation", n)
 		}
-		if left := time.Until(ls.Deadline()); left != 30*time.Second-302*time.Millisecond {
+		if left := time.Until(ls.Deadline()); left != 30*time.Second-drift30s {
 			t.Fatalf("validity left %v, want a full TTL less drift from the confirmation", left)
 		}
 		_ = ls.Release(t.Context())
@@ -200,13 +199,8 @@ func (s slowAnswer) Renew(ctx context.Context, key, owner string, ttl time.Durat
 // Acquire returns, and a confirmation answered in 50 ms keeps the lease.
 func TestAcquire_ThinWindowHandoverIsConfirmedFirst(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := &handoverWaiter{countingDriver: &countingDriver{Driver: slowAnswer{memdriver.New(memdriver.NewStore()), 50 * time.Millisecond}}, within: 5 * time.Second}
-		l := dlock.New(h)
-		defer l.Close()
-		ls, err := l.Acquire(t.Context(), "k", dlock.WithTTL(8*time.Minute+15*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
+		h := newHandover(slowAnswer{memdriver.New(memdriver.NewStore()), 50 * time.Millisecond}, 5*time.Second)
+		ls, _ := acquireVia(t, h, 8*time.Minute+15*time.Second)
 		if n := h.renewCount(); n != 1 {
 			t.Fatalf("%d renewals before Acquire returned, want the one confirmation", n)
 		}
@@ -227,58 +221,34 @@ func TestAcquire_ThinWindowHandoverIsConfirmedFirst(t *testing.T) {
 // holder's in-flight writes land before the next holder starts.)
 func TestAcquire_UnconfirmedHandoverAnsweredLateIsLostAtItsWindow(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		store := memdriver.NewStore()
-		h := &handoverWaiter{countingDriver: &countingDriver{Driver: slowAnswer{memdriver.New(store), 2 * time.Second}}, within: time.Second}
-		l := dlock.New(h)
-		defer l.Close()
-		sent := time.Now()
-		ls, err := l.Acquire(t.Context(), "k", dlock.WithTTL(30*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		<-ls.Done()
-		drift := 30*time.Second/100 + 2*time.Millisecond
-		if d := time.Since(sent); d != time.Second-drift {
-			t.Fatalf("lost %v after the send, want at the window's end (%v)", d, time.Second-drift)
-		}
-		if !errors.Is(ls.Err(), dlock.ErrLeaseLost) {
-			t.Fatalf("Err = %v, want ErrLeaseLost", ls.Err())
+		h := newHandover(slowAnswer{memdriver.New(memdriver.NewStore()), 2 * time.Second}, time.Second)
+		ls, sent := acquireVia(t, h, 30*time.Second)
+		awaitLost(t, ls)
+		if d := time.Since(sent); d != time.Second-drift30s {
+			t.Fatalf("lost %v after the send, want at the window's end (%v)", d, time.Second-drift30s)
 		}
 	})
 }
 
-// waitOnly forwards Wait but not WaitUnconfirmed, as a wrapper written
-// before driver.UnconfirmedWaiter would.
-type waitOnly struct{ *handoverWaiter }
-
-func (w waitOnly) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
-	return w.handoverWaiter.Wait(ctx, req)
-}
-
 // TestAcquire_WrapperWithoutWaitUnconfirmedUsesWait: a driver that is only
-// a Waiter is waited on with Wait, whose grants are confirmed, and its
-// lease runs a full TTL from the send.
+// a Waiter (a wrapper written before driver.UnconfirmedWaiter, which
+// forwards Wait alone) is waited on with Wait, whose grants are confirmed,
+// and its lease runs a full TTL from the send.
 func TestAcquire_WrapperWithoutWaitUnconfirmedUsesWait(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := &handoverWaiter{countingDriver: &countingDriver{Driver: memdriver.New(memdriver.NewStore())}, within: time.Second}
+		h := newHandover(nil, time.Second)
 		var d driver.Driver = struct {
 			driver.Driver
 			driver.Waiter
-		}{h, waitOnly{h}}
+		}{h, h}
 		if _, ok := d.(driver.UnconfirmedWaiter); ok {
 			t.Fatal("the wrapper implements UnconfirmedWaiter")
 		}
-		l := dlock.New(d)
-		defer l.Close()
-		sent := time.Now()
-		ls, err := l.Acquire(t.Context(), "k", dlock.WithTTL(30*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
+		ls, sent := acquireVia(t, d, 30*time.Second)
 		if h.asked != 0 {
 			t.Fatalf("%d WaitUnconfirmed calls through a wrapper that does not forward it", h.asked)
 		}
-		if got := ls.Deadline().Sub(sent); got != 30*time.Second-302*time.Millisecond {
+		if got := ls.Deadline().Sub(sent); got != 30*time.Second-drift30s {
 			t.Fatalf("deadline %v after the send, want a full TTL less drift", got)
 		}
 		_ = ls.Release(t.Context())

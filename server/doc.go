@@ -127,9 +127,9 @@
 // milliseconds after the grant, and a lease released before that never
 // sends it), which keeps the claim's round trip off a contended key's
 // handoff. This needs every member to run the same Config.ClaimWindow: the
-// grant carries the answering node's, and the leader enforces its own. A new leader cannot know whether a
-// claim reached its predecessor, so it treats every grant as claimed
-// (late, never early).
+// grant carries the answering node's, and the leader enforces its own. A
+// new leader cannot know whether a claim reached its predecessor, so it
+// treats every grant as claimed (late, never early).
 //
 // # Lock-delay and force release
 //

@@ -21,10 +21,10 @@ func BenchmarkHandoff(b *testing.B) {
 	for _, c := range []struct {
 		n     int
 		claim bool
-	}{{8, true}, {8, false}, {64, true}, {64, false}} {
-		claim := map[bool]string{true: "before", false: "none"}[c.claim]
+		name  string
+	}{{8, true, "before"}, {8, false, "none"}, {64, true, "before"}, {64, false, "none"}} {
 		n := c.n
-		b.Run(fmt.Sprintf("waiters=%d/claim=%s", n, claim), func(b *testing.B) {
+		b.Run(fmt.Sprintf("waiters=%d/claim=%s", n, c.name), func(b *testing.B) {
 			s := startBenchServer(b)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()

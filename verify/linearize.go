@@ -31,15 +31,9 @@ type lockInput struct {
 	complete time.Duration
 }
 
-// grantUntil is the validity end an Acquire gives its grant: its send time
-// plus its TTL, or plus its claim window while a handover is unconfirmed
-// (the earlier of the two), less the drift (historytest's validityOf).
+// grantUntil is the validity end an Acquire gives its grant.
 func (in lockInput) grantUntil() time.Duration {
-	t := in.ttl
-	if in.claim > 0 {
-		t = min(t, in.claim)
-	}
-	return in.invoke + t - historytest.Drift(in.ttl)
+	return historytest.GrantValidUntil(in.invoke, in.ttl, in.claim)
 }
 
 // lockOutput is the store's answer: always OK here (refusals and calls

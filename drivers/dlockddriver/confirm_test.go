@@ -7,7 +7,6 @@ import (
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/dlocktest"
 	"github.com/dlock-dev/dlock/driver"
-	"github.com/dlock-dev/dlock/server/servertest"
 )
 
 // TestWaiter_WaitUnconfirmedReturnsTheHandoverUnclaimed: WaitUnconfirmed
@@ -19,13 +18,8 @@ import (
 // the key on without ever claiming it.
 func TestWaiter_WaitUnconfirmedReturnsTheHandoverUnclaimed(t *testing.T) {
 	const window = 300 * time.Millisecond
-	cfg := servertest.Config(t, t.TempDir())
-	cfg.ClaimWindow = window
-	srv := servertest.StartEmbedded(t, cfg)
+	srv, req := startClaimWindow(t, window, "confirm/k")
 	ctx := t.Context()
-	req := func(tag string) driver.AcquireRequest {
-		return driver.AcquireRequest{Key: "confirm/k", Owner: "owner-" + tag + "-0123456789", TTL: time.Minute}
-	}
 
 	t.Run("driver: not claimed, passed on after the window", func(t *testing.T) {
 		a, b, c := dial(t, srv.Addr(), nil), dial(t, srv.Addr(), nil), dial(t, srv.Addr(), nil)

@@ -332,6 +332,18 @@ func (r *renewDelayer) intercept(ctx context.Context, method string, req, reply 
 	return err
 }
 
+// startClaimWindow starts a dlockd whose claim window is window, and
+// returns it with a maker of one-minute requests for key by owner tokens
+// named after a tag.
+func startClaimWindow(t *testing.T, window time.Duration, key string) (*servertest.Embedded, func(tag string) driver.AcquireRequest) {
+	cfg := servertest.Config(t, t.TempDir())
+	cfg.ClaimWindow = window
+	srv := servertest.StartEmbedded(t, cfg)
+	return srv, func(tag string) driver.AcquireRequest {
+		return driver.AcquireRequest{Key: key, Owner: "owner-" + tag + "-0123456789", TTL: time.Minute}
+	}
+}
+
 // TestWaiter_ClaimsHandedOverGrant: a grant handed over to a waiter is
 // claimed by Wait before it returns, so the waiter keeps it past the
 // server's claim window; a waiter whose claim comes too late (delayed by a
@@ -339,13 +351,8 @@ func (r *renewDelayer) intercept(ctx context.Context, method string, req, reply 
 // granted after that one releases, with a greater fence.
 func TestWaiter_ClaimsHandedOverGrant(t *testing.T) {
 	const window = 300 * time.Millisecond
-	cfg := servertest.Config(t, t.TempDir())
-	cfg.ClaimWindow = window
-	srv := servertest.StartEmbedded(t, cfg)
+	srv, req := startClaimWindow(t, window, "claim/k")
 	ctx := t.Context()
-	req := func(tag string) driver.AcquireRequest {
-		return driver.AcquireRequest{Key: "claim/k", Owner: "owner-" + tag + "-0123456789", TTL: time.Minute}
-	}
 
 	t.Run("claimed in time", func(t *testing.T) {
 		a, b := dial(t, srv.Addr(), nil), dial(t, srv.Addr(), nil)

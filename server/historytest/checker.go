@@ -349,13 +349,22 @@ type keyFence struct {
 // TTL a renewal asked for.
 func validityOf(op *Op, ttl time.Duration) time.Duration {
 	if op.Kind == Acquire {
-		t := op.GrantTTL
-		if op.ClaimWithin > 0 {
-			t = min(t, op.ClaimWithin)
-		}
-		return op.Invoke + t - Drift(op.GrantTTL)
+		return GrantValidUntil(op.Invoke, op.GrantTTL, op.ClaimWithin)
 	}
 	return op.Invoke + ttl - Drift(ttl)
+}
+
+// GrantValidUntil is the validity end, on the history's clock, of a grant
+// asked for at invoke with ttl: invoke plus the TTL less Drift, or, for a
+// handover not confirmed yet (claimWithin > 0, Op.ClaimWithin), invoke
+// plus the shorter of the TTL and the claim window, less the TTL's drift,
+// as the dlock client computes it.
+func GrantValidUntil(invoke, ttl, claimWithin time.Duration) time.Duration {
+	t := ttl
+	if claimWithin > 0 {
+		t = min(t, claimWithin)
+	}
+	return invoke + t - Drift(ttl)
 }
 
 // Check checks a history; see the package doc for the rules. The ops may be
