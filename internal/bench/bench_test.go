@@ -63,3 +63,30 @@ func TestParsePIDs(t *testing.T) {
 		}
 	}
 }
+
+// TestHoldCap: W3 on an emulator holds its cap and its row says why; other
+// stores, and counts under the cap, hold what was asked for.
+func TestHoldCap(t *testing.T) {
+	for _, tc := range []struct {
+		store      string
+		asked, got int
+		capped     bool
+	}{
+		{"gs://b/p?endpoint=http://127.0.0.1:1", 100_000, 2_000, true},
+		{"azblob://acct/c", 100_000, 2_000, true},
+		{"dynamodb://t?region=x", 100_000, 10_000, true},
+		{"gs://b/p", 500, 500, false},
+		{"dlockd://127.0.0.1:1", 100_000, 100_000, false},
+		{"redis://127.0.0.1:1", 100_000, 100_000, false},
+	} {
+		got, why := holdCap(tc.store, tc.asked)
+		if got != tc.got || (why != "") != tc.capped {
+			t.Errorf("holdCap(%q, %d) = %d, %q; want %d, capped %v", tc.store, tc.asked, got, why, tc.got, tc.capped)
+		}
+	}
+	var buf bytes.Buffer
+	Report{Held: []Held{{Store: "gs://b/p", Keys: 2_000, AcquireSeconds: 1, Capped: "2000 of the 100000 asked for: slow"}}}.Markdown(&buf)
+	if want := "| gs | 2000 (2000 of the 100000 asked for: slow) | 1.00 s |"; !strings.Contains(buf.String(), want) {
+		t.Errorf("markdown lacks %q:\n%s", want, buf.String())
+	}
+}

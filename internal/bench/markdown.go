@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -130,7 +131,11 @@ func (r Report) Markdown(w io.Writer) {
 				fmt.Fprintf(w, "| %s | %d | not run: %s | | | |\n", storeName(h.Store), h.Keys, h.Skipped)
 				continue
 			}
-			fmt.Fprintf(w, "| %s | %d | %.2f s | %s | %s | %d |\n", storeName(h.Store), h.Keys, h.AcquireSeconds, mib(h.RSSBeforeMiB), mib(h.ServerRSSMiB), h.Errors)
+			keys := strconv.Itoa(h.Keys)
+			if h.Capped != "" {
+				keys += " (" + h.Capped + ")"
+			}
+			fmt.Fprintf(w, "| %s | %s | %.2f s | %s | %s | %d |\n", storeName(h.Store), keys, h.AcquireSeconds, mib(h.RSSBeforeMiB), mib(h.ServerRSSMiB), h.Errors)
 		}
 		fmt.Fprintln(w)
 	}
