@@ -55,12 +55,17 @@
 // high 32 bits) and is never reused; a holder's node was created after every
 // earlier holder's node of the same key, so fences strictly increase.
 //
-// A node that is its key's only child when the queue is listed right after
-// its create (every uncontended acquisition) takes instead the parent's
-// pzxid from that listing, which spares a round trip to read the node's
-// stat: it is the node's czxid unless another client created and deleted a
-// node of the key in between, and in every case greater than every earlier
-// holder's fence and smaller than every later holder's (see
+// The create is a multi that also sets the key node's (empty) data, whose
+// answer carries the key node's stat in the same transaction: when the new
+// node is the key's only child (every uncontended acquisition), it holds
+// the key, and the key node's pzxid is that transaction's zxid, the node's
+// czxid, so neither the queue listing nor the node's stat is read (two round
+// trips per acquisition, create and delete, as a bare create would take).
+// Otherwise the queue is listed; a node that is its key's only child by
+// then takes the listing's pzxid, which spares a round trip to read the
+// node's stat: it is the node's czxid unless another client created and
+// deleted a node of the key in between, and in every case greater than
+// every earlier holder's fence and smaller than every later holder's (see
 // onlyChildFence). Inspect and List report the holder node's czxid, which
 // in that race is lower than the grant's fence (still above the earlier
 // holders').
@@ -662,11 +667,10 @@ func (d *Driver) enqueueAs(ctx context.Context, req driver.AcquireRequest, mode 
 	}
 	dir := d.dir(req.Key)
 	data, _ := json.Marshal(value{Holder: req.Holder, TTL: req.TTL, Mode: mode})
-	var path string
+	var c created
 	for attempt := 0; ; attempt++ {
-		path, err = do(ctx, d, func() (string, error) {
-			return d.conn.Create(dir+"/"+req.Owner+"-", data, zk.FlagEphemeralSequential, zk.WorldACL(zk.PermAll))
-		}, func(p string) { d.deleteNode(p) })
+		c, err = do(ctx, d, func() (created, error) { return d.createNode(dir, req.Owner, data) },
+			func(c created) { d.deleteNode(c.path) })
 		if errors.Is(err, zk.ErrNoNode) && attempt < 3 {
 			// The key's container node is missing (never made, or
 			// deleted by the server when it became empty).
@@ -686,6 +690,7 @@ func (d *Driver) enqueueAs(ctx context.Context, req driver.AcquireRequest, mode 
 		d.orphanByOwner(gen, dir, req.Owner)
 		return enqueued{}, err
 	}
+	path := c.path
 	e := enqueued{path: path, name: path[len(dir)+1:], gen: gen}
 	d.mu.Lock()
 	if d.curLocked() != gen {
@@ -695,12 +700,17 @@ func (d *Driver) enqueueAs(ctx context.Context, req driver.AcquireRequest, mode 
 	}
 	gen.nodes[path] = struct{}{}
 	d.mu.Unlock()
-	// List the queue; when the node is the key's only child, the listing's
-	// parent stat gives its fence (see onlyChildFence), else its stat is
-	// read (czxid: the fence; one more round trip).
+	// When the node is the key's only child (the parent's stat from the
+	// create's own transaction says so), its fence is that transaction's
+	// zxid and no listing is needed. Otherwise list the queue; when the
+	// node is the only child by then, the listing's parent stat gives its
+	// fence (see onlyChildFence), else its stat is read (czxid: the fence;
+	// one more round trip).
 	var parent *zk.Stat
-	e.children, parent, err = d.childrenStat(ctx, dir)
-	if err == nil {
+	if c.parent != nil && c.parent.NumChildren == 1 && d.conn.SessionID() == gen.session {
+		e.children = []string{e.name}
+		e.stat, e.fence = &zk.Stat{EphemeralOwner: gen.session}, c.parent.Pzxid
+	} else if e.children, parent, err = d.childrenStat(ctx, dir); err == nil {
 		if fence, ok := onlyChildFence(e.name, e.children, parent); ok && d.conn.SessionID() == gen.session {
 			// A node this session created just now: version 0, owned
 			// by the session; its czxid is not read (czxid 0 below).
@@ -717,6 +727,38 @@ func (d *Driver) enqueueAs(ctx context.Context, req driver.AcquireRequest, mode 
 		return enqueued{}, err
 	}
 	return e, nil
+}
+
+// created is a node createNode made, with the stat of its parent read in
+// the same transaction.
+type created struct {
+	path   string
+	parent *zk.Stat
+}
+
+// createNode creates owner's ephemeral sequential node under dir, and in
+// the same transaction (a multi) sets dir's data to empty, whose answer
+// carries dir's stat as the create left it: when dir has one child, the node
+// is the key's only node and so first in its queue, and dir's pzxid is the
+// transaction's zxid, the node's czxid (its fence). That saves the queue
+// listing, a round trip, on every acquisition of a free key: ZooKeeper's
+// create answers with the path only. Nothing reads the data of a key's
+// node (it stays empty; its version only grows), and the set fires no
+// watch of this driver's (it watches children, and a node's creation).
+func (d *Driver) createNode(dir, owner string, data []byte) (created, error) {
+	res, err := d.conn.Multi(
+		&zk.CreateRequest{Path: dir + "/" + owner + "-", Data: data, Acl: zk.WorldACL(zk.PermAll), Flags: zk.FlagEphemeralSequential},
+		&zk.SetDataRequest{Path: dir, Data: nil, Version: -1},
+	)
+	if err == nil && len(res) != 2 {
+		err = fmt.Errorf("%w: ZooKeeper answered a multi of 2 operations with %d results", driver.ErrUnavailable, len(res))
+	}
+	if err != nil {
+		// The first failed operation's error: zk.ErrNoNode when the key's
+		// container node is missing.
+		return created{}, err
+	}
+	return created{path: res[0].String, parent: res[1].Stat}, nil
 }
 
 // orphanByOwner deletes any node of owner under dir (an ambiguous create:
