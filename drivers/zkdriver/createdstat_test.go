@@ -1,11 +1,14 @@
 package zkdriver
 
 import (
+	"errors"
+	"net/url"
 	"testing"
 	"time"
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/dlock-dev/dlock/driver"
 	"github.com/dlock-dev/dlock/internal/testservers"
 )
 
@@ -60,5 +63,67 @@ func TestOnlyChildFence_IsTheNodesCzxid(t *testing.T) {
 	}
 	if _, ok := onlyChildFence(p[len("/cs/"):], children, parent); ok {
 		t.Fatalf("onlyChildFence accepted a node that is not the only child: %v", children)
+	}
+}
+
+// TestCreateNode_ParentStatInTheSameTransaction: createNode's multi
+// answers, against a real ZooKeeper, with the key node's stat as its own
+// create left it: one child and a pzxid equal to the new node's czxid for a
+// free key, two children for a held one; a missing key node fails it with
+// zk.ErrNoNode (enqueueAs then creates the container); and a free key
+// acquired through TryAcquire takes that czxid as its fence, as Inspect
+// reports it.
+func TestCreateNode_ParentStatInTheSameTransaction(t *testing.T) {
+	z := testservers.StartZooKeeper(t)
+	u, err := url.Parse(z.URL() + "?op_timeout=2s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := Open(t.Context(), u, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	dir := d.dir("cn")
+	if _, err := d.createNode(dir, "owner-a", nil); !errors.Is(err, zk.ErrNoNode) {
+		t.Fatalf("createNode without the key's node = %v, want zk.ErrNoNode", err)
+	}
+	if _, err := d.conn.CreateContainer(dir, nil, zk.FlagContainer, zk.WorldACL(zk.PermAll)); err != nil {
+		t.Fatal(err)
+	}
+	first, err := d.createNode(dir, "owner-a", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, st, err := d.conn.Exists(first.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.parent == nil || first.parent.NumChildren != 1 || first.parent.Pzxid != st.Czxid {
+		t.Fatalf("free key: parent stat %+v; want 1 child and pzxid = the node's czxid %x", first.parent, st.Czxid)
+	}
+	second, err := d.createNode(dir, "owner-b", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.parent == nil || second.parent.NumChildren != 2 {
+		t.Fatalf("held key: parent stat %+v; want 2 children", second.parent)
+	}
+	for _, c := range []created{first, second} {
+		if err := d.conn.Delete(c.path, -1); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	g, err := d.TryAcquire(t.Context(), driver.AcquireRequest{Key: "cn", Owner: "owner-cccccccc", TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := d.Inspect(t.Context(), "cn")
+	if err != nil || info.Fence != g.Fence || g.Fence <= uint64(st.Czxid) {
+		t.Fatalf("TryAcquire fence %d, Inspect %+v, %v; want Inspect's czxid, above %d", g.Fence, info, err, st.Czxid)
+	}
+	if err := d.Release(t.Context(), "cn", "owner-cccccccc"); err != nil {
+		t.Fatal(err)
 	}
 }
