@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -578,36 +579,105 @@ func burstOn(t *testing.T, s *Server, n int) {
 	wg.Wait()
 }
 
-// TestCluster_BatchEntriesGated: in a cluster the leader writes no batch
-// entry (a member of an earlier version could not decode it) and checks
-// leadership with a quorum round, not as a sole voter; with
-// BatchInCluster it batches, and every member applies the batches to the
-// same table.
+// TestCluster_BatchEntriesGated: in a cluster the leader checks leadership
+// with a quorum round, not as a sole voter, and writes batch entries only
+// while every member reports that it decodes them (the batch gate): with
+// every member of this version it batches once its probe has their
+// answers, and every member applies the batches to the same table; with
+// one member standing in for a version before batching it writes one entry
+// per command, for as long as that member is in the configuration; with
+// BatchInCluster it batches whatever the members say.
 func TestCluster_BatchEntriesGated(t *testing.T) {
-	for _, batch := range []bool{false, true} {
-		t.Run(fmt.Sprint("BatchInCluster=", batch), func(t *testing.T) {
-			c := startLeaseCluster(t, 3, func(cfg *Config) { cfg.BatchInCluster = batch })
-			s := c.leader(20 * time.Second)
+	for _, tc := range []struct {
+		name   string
+		legacy bool // n3 stands in for a member of a version before batching
+		force  bool // BatchInCluster
+		batch  bool
+	}{
+		{"every member decodes batches", false, false, true},
+		{"one member of an earlier version", true, false, false},
+		{"one member of an earlier version, BatchInCluster", true, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := startLeaseCluster(t, 3, func(cfg *Config) {
+				cfg.BatchInCluster = tc.force
+				cfg.legacyNoBatch = tc.legacy && cfg.NodeID == "n3"
+			})
+			var s *Server
+			for {
+				// A leader of the earlier version never batches: have one
+				// of this version lead.
+				if s = c.leader(20 * time.Second); s.cfg.NodeID != "n3" || !tc.legacy {
+					break
+				}
+				if err := s.raft.LeadershipTransfer().Error(); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
 			for _, n := range c.nodes {
 				if n.soleVoter() {
 					t.Fatalf("%s is a sole voter in a cluster of 3", n.cfg.NodeID)
 				}
 			}
+			// Both members register and the leader probes them within a
+			// few seconds; until then it does not batch.
+			deadline := time.Now().Add(5 * time.Second)
+			for tc.batch && !s.batchEntries() {
+				if time.Now().After(deadline) {
+					t.Fatalf("the leader does not batch 5 s after its election (probe %+v)", s.batchProbe.Load())
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if !tc.batch {
+				// Probes keep saying no: watch three of them.
+				for end := time.Now().Add(3500 * time.Millisecond); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+					if s.batchEntries() {
+						t.Fatal("the leader batches with a member that does not decode batch entries")
+					}
+				}
+				if p := s.batchProbe.Load(); p == nil || time.Since(p.at) > 2*time.Second || len(p.decodes) != 1 {
+					t.Fatalf("the probe %+v: want a recent one with one member decoding batches", p)
+				}
+			}
+			for _, n := range c.nodes { // registered, so that Status asks each
+				for rec, ok := s.fsm.member(n.cfg.NodeID); !ok || rec.api == ""; rec, ok = s.fsm.member(n.cfg.NodeID) {
+					if time.Now().After(deadline.Add(5 * time.Second)) {
+						t.Fatalf("%s not registered", n.cfg.NodeID)
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+			st, err := s.clusterStatus(t.Context(), false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.GetBatching() != tc.batch {
+				t.Errorf("Status batching = %v, want %v", st.GetBatching(), tc.batch)
+			}
+			for _, m := range st.GetMembers() {
+				if want := !(tc.legacy && m.GetId() == "n3"); m.GetBatchEntries() != want {
+					t.Errorf("Status: member %s batch_entries = %v, want %v (%+v)", m.GetId(), m.GetBatchEntries(), want, m)
+				}
+			}
+			s.proposer.mu.Lock()
+			entries0, commands0 := s.proposer.entries, s.proposer.commands
+			s.proposer.mu.Unlock()
 			burstOn(t, s, 200)
 			s.proposer.mu.Lock()
-			entries, commands := s.proposer.entries, s.proposer.commands
+			entries, commands := s.proposer.entries-entries0, s.proposer.commands-commands0
 			s.proposer.mu.Unlock()
-			if !batch && entries != commands {
-				t.Fatalf("%d commands in %d entries: batched in a cluster without BatchInCluster", commands, entries)
+			if !tc.batch && entries != commands {
+				t.Fatalf("%d commands in %d entries: batched with a member that cannot decode batch entries", commands, entries)
 			}
-			if batch && entries >= commands {
-				t.Fatalf("%d commands in %d entries: not batched with BatchInCluster", commands, entries)
+			if tc.batch && entries >= commands {
+				t.Fatalf("%d commands in %d entries: not batched", commands, entries)
 			}
 			if err := s.raft.Barrier(10 * time.Second).Error(); err != nil {
 				t.Fatal(err)
 			}
 			want := dump(s.fsm)
-			deadline := time.Now().Add(10 * time.Second)
+			deadline = time.Now().Add(10 * time.Second)
 			for _, n := range c.nodes {
 				for dump(n.fsm) != want {
 					if time.Now().After(deadline) {
@@ -685,5 +755,37 @@ func TestServer_QueueEntryRidesWithRelease(t *testing.T) {
 	// c is granted by b's release; the test ends only once its wait has.
 	if r := <-cGot; r.err != nil || r.out.fence != next || next == 0 {
 		t.Fatalf("c: %+v %v; release handed fence %d", r.out, r.err, next)
+	}
+}
+
+// TestBatchGate_MembersDecodeBatches: the gate's decision on a probe: every
+// other member of the configuration answered at the address the
+// configuration gives it, and the probe is fresh; a member added since the
+// probe, a member now at another address, an old probe or none, or a
+// leader standing in for an earlier version each turn batching off.
+func TestBatchGate_MembersDecodeBatches(t *testing.T) {
+	servers := []raft.Server{{ID: "n1", Address: "a1"}, {ID: "n2", Address: "a2"}, {ID: "n3", Address: "a3"}}
+	fresh := &batchProbe{at: time.Now(), decodes: map[raft.ServerID]raft.ServerAddress{"n2": "a2", "n3": "a3"}}
+	for _, tc := range []struct {
+		name    string
+		probe   *batchProbe
+		servers []raft.Server
+		legacy  bool
+		want    bool
+	}{
+		{"every member answered", fresh, servers, false, true},
+		{"no probe yet", nil, servers, false, false},
+		{"a probe too old", &batchProbe{at: time.Now().Add(-batchProbeFresh - time.Second), decodes: fresh.decodes}, servers, false, false},
+		{"a member added since", fresh, append(slices.Clone(servers), raft.Server{ID: "n4", Address: "a4"}), false, false},
+		{"a member at another address", fresh, []raft.Server{servers[0], servers[1], {ID: "n3", Address: "a9"}}, false, false},
+		{"a member that did not answer", &batchProbe{at: time.Now(), decodes: map[raft.ServerID]raft.ServerAddress{"n2": "a2"}}, servers, false, false},
+		{"a member removed since", fresh, servers[:2], false, true},
+		{"a leader of an earlier version", fresh, servers, true, false},
+	} {
+		s := &Server{cfg: Config{NodeID: "n1", legacyNoBatch: tc.legacy}}
+		s.batchProbe.Store(tc.probe)
+		if got := s.membersDecodeBatches(tc.servers); got != tc.want {
+			t.Errorf("%s: membersDecodeBatches = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

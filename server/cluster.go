@@ -443,8 +443,11 @@ func (s *Server) clusterStatus(ctx context.Context, local bool) (*dlockv1.Cluste
 	}
 	lid, lapi := s.leaderAPI()
 	resp := &dlockv1.ClusterStatusResponse{LeaderId: lid, LeaderApi: lapi, Term: s.raft.CurrentTerm(), NodeId: s.cfg.NodeID}
+	resp.Batching = s.isLeader() && s.batchEntries()
 	if local {
-		resp.Members = []*dlockv1.MemberStatus{memberPB(s.selfInfo())}
+		self := memberPB(s.selfInfo())
+		self.BatchEntries = s.decodesBatches()
+		resp.Members = []*dlockv1.MemberStatus{self}
 		return resp, nil
 	}
 	ms := s.Members()
@@ -455,6 +458,7 @@ func (s *Server) clusterStatus(ctx context.Context, local bool) (*dlockv1.Cluste
 	for i, m := range ms {
 		resp.Members[i] = memberPB(m)
 		if m.ID == s.cfg.NodeID {
+			resp.Members[i].BatchEntries = s.decodesBatches()
 			continue
 		}
 		if m.APIAddr == "" {
@@ -470,6 +474,7 @@ func (s *Server) clusterStatus(ctx context.Context, local bool) (*dlockv1.Cluste
 				if r, err = c.Status(forwardCtx(ctx), &dlockv1.ClusterStatusRequest{Local: true}); err == nil && len(r.GetMembers()) == 1 {
 					own := r.GetMembers()[0]
 					pb.AppliedIndex, pb.LastContact, pb.State, pb.Term = own.GetAppliedIndex(), own.GetLastContact(), own.GetState(), own.GetTerm()
+					pb.BatchEntries = own.GetBatchEntries()
 					return
 				}
 			}
@@ -974,6 +979,7 @@ func (s *Server) memberLoop() {
 				return
 			}
 		}
+		s.probeBatchMembers()
 		if err := s.registerSelf(); err != nil {
 			var ae *apiError
 			if errors.As(err, &ae) && ae.reason == ReasonMemberConflict {

@@ -179,16 +179,25 @@ type Config struct {
 	// TrailingLogs is how many entries are kept after a snapshot. Default
 	// 10240.
 	TrailingLogs uint64
-	// BatchInCluster lets the leader write several commands in one log
-	// entry (a batch entry, encoding version 4) also when the Raft
-	// configuration has more than one server. A single server always
-	// batches. Set it only once every member runs a version that decodes
-	// batch entries (this one or later): an earlier member cannot, and its
-	// lock table would part from the leader's. Default false.
+	// BatchInCluster makes the leader write several commands in one log
+	// entry (a batch entry, encoding version 4) in a cluster whatever its
+	// members answer. Without it, a single server always batches, and the
+	// leader of a cluster batches while every member of the Raft
+	// configuration reports that it decodes batch entries (the leader asks
+	// every second; see "Batching" in the package doc), so it is needed
+	// only where a member's status cannot be read (its API address
+	// unreachable from the leader). Set it only when every member runs a
+	// version that decodes batch entries (this one or later): an earlier
+	// member cannot, and its lock table would part from the leader's.
+	// Default false.
 	BatchInCluster bool
 	// NoSync turns off fsync of the Raft log. Unsafe: a crash may lose
 	// acknowledged grants and reissue fences. Default false; tests only.
 	NoSync bool
+	// legacyNoBatch makes the node stand in, for a test, for a member of
+	// a version before batching: its status does not report that it
+	// decodes batch entries, and as leader it never batches in a cluster.
+	legacyNoBatch bool
 
 	// ApplyTimeout bounds the wait for a proposal to be enqueued and
 	// committed. Default 10s.
@@ -549,7 +558,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.Uint64Var(&c.SnapshotThreshold, "snapshot-threshold", c.SnapshotThreshold, "log entries since the last snapshot that trigger one")
 	fs.StringVar(&c.RaftLogLevel, "raft-log-level", c.RaftLogLevel, "Raft log level: trace, debug, info, warn, error, off (default: follow --log-level)")
 	fs.BoolVar(&c.NoSync, "unsafe-no-fsync", c.NoSync, "do not fsync the Raft log (tests and benchmarks only: a crash can lose acknowledged grants and reissue fences)")
-	fs.BoolVar(&c.BatchInCluster, "batch-in-cluster", c.BatchInCluster, "write several commands per Raft log entry also in a cluster of several members (a single member always does); only once every member runs a version that decodes batch entries")
+	fs.BoolVar(&c.BatchInCluster, "batch-in-cluster", c.BatchInCluster, "write several commands per Raft log entry in a cluster even when not every member reports that it decodes them (by default the leader batches while every member does, and a single member always); only when every member runs a version that decodes batch entries")
 	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "serve net/http/pprof under /debug/pprof/ on the API port")
 	// Lock-table safety settings.
 	fs.DurationVar(&c.LockDelay, "lock-delay", c.LockDelay, "after a grant is lost without a release, grant its key to nobody for this long (a request may set its own, up to its TTL)")

@@ -373,11 +373,28 @@
 // batch entry: it would answer it as a bad command, change nothing, and its
 // table would part from the leader's. So the leader writes batch entries
 // only while the Raft configuration has this node alone (the embedded
-// default), or when Config.BatchInCluster (--batch-in-cluster) says that
-// every member decodes them; otherwise a round is written as one plain
-// entry per command (Raft still writes the round with one fsync). Upgrade
-// every member first, then turn BatchInCluster on; and a member that
-// joins a single node whose log holds batch entries must run this version.
+// default), or while every other member of the configuration says it
+// decodes them, or when Config.BatchInCluster (--batch-in-cluster) forces
+// it; otherwise a round is written as one plain entry per command (Raft
+// still writes the round with one fsync). A member's version is not in the
+// log, so the leader asks (batchgate.go): every second, and at once when
+// it takes up leadership, it asks each other member of the configuration
+// for its own status (Cluster.Status, local), whose batch_entries this
+// version sets and earlier ones leave unset; it batches while every
+// member answered so at the Raft address the configuration names, within
+// the last 5 s. A member added since the last probe, one that does not
+// answer (down, or an API address the leader cannot reach) or one that
+// answers without batch_entries turns batching off at once, until a probe
+// finds every member able again; nothing of it is replicated, and each
+// new leader starts with batching off until its first probe. A rolling
+// upgrade therefore needs nothing: the cluster batches once the last
+// member runs this version. Two cases the probe cannot cover: a member
+// that joins must run this version or later when the log it replays
+// already holds batch entries (as for a member joining a single node), and
+// a member must not be downgraded to a version before batching in place
+// (the leader stops batching within a second of its restart, but entries
+// written meanwhile, or still in its log, would be skipped): remove it,
+// and add it again with an empty data directory.
 // From this version on, a member that meets a committed entry it cannot
 // decode (a newer format, or corruption) does not skip it: it fails closed
 // (Server.undecodable): it stops serving, answers UNAVAILABLE (DIVERGED),

@@ -230,16 +230,3 @@ func (s *Server) sendRound(ps []*proposal) {
 	}
 	b.mu.Unlock()
 }
-
-// batchEntries reports whether several commands may share an entry: a
-// member of a version before batching cannot decode a batch entry (it
-// would skip it and its table would part from the others'), so batches
-// are written only while this node is the only server of the Raft
-// configuration, or when Config.BatchInCluster says every member decodes
-// them. See "Batching" in the package doc.
-func (s *Server) batchEntries() bool {
-	if s.cfg.BatchInCluster {
-		return true
-	}
-	return s.soleVoter()
-}

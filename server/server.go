@@ -75,16 +75,17 @@ type Server struct {
 	tlsFailures *prometheus.CounterVec
 
 	// Membership (cluster.go).
-	peers       peers         // gRPC clients of other members' APIs
-	memberMu    sync.Mutex    // one membership change at a time (leader)
-	boundAPI    atomic.Value  // string: the API's bound address, set once listening (read without Server.mu)
-	memberWake  chan struct{} // pokes memberLoop
-	incarnation string        // this data directory's random ID (stable store)
-	raftUp      atomic.Bool   // s.raft is set (read by probe answers, which start before it)
-	hasState    atomic.Bool   // Raft state exists (restart, bootstrapped or joined): told to probing members
-	failed      chan error    // receives the error that keeps this node out of the cluster (see Failed)
-	removed     atomic.Bool   // removed from the cluster (leaveCluster): calls are answered NOT_MEMBER
-	diverged    atomic.Uint64 // index of the first committed entry the FSM could not decode (0: none); see undecodable
+	peers       peers                      // gRPC clients of other members' APIs
+	memberMu    sync.Mutex                 // one membership change at a time (leader)
+	boundAPI    atomic.Value               // string: the API's bound address, set once listening (read without Server.mu)
+	memberWake  chan struct{}              // pokes memberLoop
+	incarnation string                     // this data directory's random ID (stable store)
+	raftUp      atomic.Bool                // s.raft is set (read by probe answers, which start before it)
+	hasState    atomic.Bool                // Raft state exists (restart, bootstrapped or joined): told to probing members
+	failed      chan error                 // receives the error that keeps this node out of the cluster (see Failed)
+	removed     atomic.Bool                // removed from the cluster (leaveCluster): calls are answered NOT_MEMBER
+	diverged    atomic.Uint64              // index of the first committed entry the FSM could not decode (0: none); see undecodable
+	batchProbe  atomic.Pointer[batchProbe] // the leader's latest probe of which members decode batch entries (batchgate.go)
 
 	ready atomic.Bool // leader, caught up, countdowns restarted: serving writes
 	// transferring counts leadership transfers this node started that may

@@ -1898,7 +1898,13 @@ type MemberStatus struct {
 	// term is the member's current term as it reported it (0: unknown).
 	Term uint64 `protobuf:"varint,9,opt,name=term,proto3" json:"term,omitempty"`
 	// error says why the member's own state is unknown, if it is.
-	Error         string `protobuf:"bytes,10,opt,name=error,proto3" json:"error,omitempty"`
+	Error string `protobuf:"bytes,10,opt,name=error,proto3" json:"error,omitempty"`
+	// batch_entries: the member runs a version that decodes log entries
+	// holding several commands (batch entries), as it reported it; false
+	// when unknown (a version before batching does not set it). The leader
+	// of a cluster writes batch entries only while every member of the Raft
+	// configuration reports it (see ClusterStatusResponse.batching).
+	BatchEntries  bool `protobuf:"varint,11,opt,name=batch_entries,json=batchEntries,proto3" json:"batch_entries,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2003,6 +2009,13 @@ func (x *MemberStatus) GetError() string {
 	return ""
 }
 
+func (x *MemberStatus) GetBatchEntries() bool {
+	if x != nil {
+		return x.BatchEntries
+	}
+	return false
+}
+
 type ClusterStatusResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Members   []*MemberStatus        `protobuf:"bytes,1,rep,name=members,proto3" json:"members,omitempty"`
@@ -2010,7 +2023,12 @@ type ClusterStatusResponse struct {
 	LeaderApi string                 `protobuf:"bytes,3,opt,name=leader_api,json=leaderApi,proto3" json:"leader_api,omitempty"`
 	Term      uint64                 `protobuf:"varint,4,opt,name=term,proto3" json:"term,omitempty"`
 	// node_id is the answering node.
-	NodeId        string `protobuf:"bytes,5,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	NodeId string `protobuf:"bytes,5,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// batching: the answering node is the leader and writes several
+	// commands per log entry now: it is the only member, or every member of
+	// the Raft configuration answered its latest probe with batch_entries,
+	// or dlockd runs with --batch-in-cluster.
+	Batching      bool `protobuf:"varint,6,opt,name=batching,proto3" json:"batching,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2078,6 +2096,13 @@ func (x *ClusterStatusResponse) GetNodeId() string {
 		return x.NodeId
 	}
 	return ""
+}
+
+func (x *ClusterStatusResponse) GetBatching() bool {
+	if x != nil {
+		return x.Batching
+	}
+	return false
 }
 
 type AddVoterRequest struct {
@@ -2523,7 +2548,7 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\x04LOST\x10\x02\x12\v\n" +
 	"\aCHANGED\x10\x03\",\n" +
 	"\x14ClusterStatusRequest\x12\x14\n" +
-	"\x05local\x18\x01 \x01(\bR\x05local\"\xa7\x02\n" +
+	"\x05local\x18\x01 \x01(\bR\x05local\"\xcc\x02\n" +
 	"\fMemberStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x19\n" +
 	"\bapi_addr\x18\x02 \x01(\tR\aapiAddr\x12\x1b\n" +
@@ -2535,14 +2560,16 @@ const file_dlock_v1_dlock_proto_rawDesc = "" +
 	"\x05state\x18\b \x01(\tR\x05state\x12\x12\n" +
 	"\x04term\x18\t \x01(\x04R\x04term\x12\x14\n" +
 	"\x05error\x18\n" +
-	" \x01(\tR\x05error\"\xb2\x01\n" +
+	" \x01(\tR\x05error\x12#\n" +
+	"\rbatch_entries\x18\v \x01(\bR\fbatchEntries\"\xce\x01\n" +
 	"\x15ClusterStatusResponse\x120\n" +
 	"\amembers\x18\x01 \x03(\v2\x16.dlock.v1.MemberStatusR\amembers\x12\x1b\n" +
 	"\tleader_id\x18\x02 \x01(\tR\bleaderId\x12\x1d\n" +
 	"\n" +
 	"leader_api\x18\x03 \x01(\tR\tleaderApi\x12\x12\n" +
 	"\x04term\x18\x04 \x01(\x04R\x04term\x12\x17\n" +
-	"\anode_id\x18\x05 \x01(\tR\x06nodeId\"\x9a\x01\n" +
+	"\anode_id\x18\x05 \x01(\tR\x06nodeId\x12\x1a\n" +
+	"\bbatching\x18\x06 \x01(\bR\bbatching\"\x9a\x01\n" +
 	"\x0fAddVoterRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\traft_addr\x18\x02 \x01(\tR\braftAddr\x12\x19\n" +

@@ -1,0 +1,143 @@
+package server
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	dlockv1 "github.com/dlock-dev/dlock/proto/dlock/v1"
+)
+
+// The batch gate: whether the leader may write batch entries (several
+// commands in one log entry) in a cluster. A member of a version before
+// batching cannot decode them (see "Batching" in the package doc), and a
+// member's version is not in the log, so the leader asks: every second
+// (and at once when it takes up leadership) it asks every other member of
+// the Raft configuration for its own status (Cluster.Status, local), whose
+// batch_entries this version sets and earlier ones leave unset. It writes
+// batch entries while every member of the current configuration answered
+// its latest probe with batch_entries, from the Raft address and node ID
+// the configuration names, within batchProbeFresh; any other answer, no
+// answer, a member added since, or a probe too old turns batching off
+// until the next probe says otherwise. Nothing of it is replicated: each
+// leader asks for itself.
+
+// batchProbeFresh is how long a probe's answers count. Probes run every
+// second; a leader whose probes stop (its member loop stalled) stops
+// batching.
+const batchProbeFresh = 5 * time.Second
+
+// batchProbeTimeout bounds one probe round (all members asked in parallel).
+const batchProbeTimeout = time.Second
+
+// batchProbe is the result of one probe round.
+type batchProbe struct {
+	at time.Time
+	// decodes maps the ID of each member that answered with
+	// batch_entries to the Raft address the configuration gave it when
+	// it was asked.
+	decodes map[raft.ServerID]raft.ServerAddress
+}
+
+// decodesBatches reports whether this node decodes batch entries, as its
+// status answers say: always, except for a test standing in for a member
+// of a version before batching (Config.legacyNoBatch).
+func (s *Server) decodesBatches() bool { return !s.cfg.legacyNoBatch }
+
+// batchEntries reports whether several commands may share an entry: while
+// this node is the only server of the Raft configuration, when
+// Config.BatchInCluster forces it, or when the latest probe found that
+// every other member decodes batch entries (see the batch gate above).
+func (s *Server) batchEntries() bool {
+	if s.cfg.BatchInCluster {
+		return true
+	}
+	servers := s.raft.GetConfiguration().Configuration().Servers
+	if len(servers) == 1 && servers[0].ID == raft.ServerID(s.cfg.NodeID) && servers[0].Suffrage == raft.Voter {
+		return true
+	}
+	return s.membersDecodeBatches(servers)
+}
+
+// membersDecodeBatches reports whether the latest batch probe, still
+// fresh, found every member of servers but this node decoding batch
+// entries at the address servers gives it.
+func (s *Server) membersDecodeBatches(servers []raft.Server) bool {
+	if !s.decodesBatches() {
+		return false
+	}
+	p := s.batchProbe.Load()
+	if p == nil || time.Since(p.at) > batchProbeFresh {
+		return false
+	}
+	self := raft.ServerID(s.cfg.NodeID)
+	for _, srv := range servers {
+		if srv.ID == self {
+			continue
+		}
+		if addr, ok := p.decodes[srv.ID]; !ok || addr != srv.Address {
+			return false
+		}
+	}
+	return true
+}
+
+// probeBatchMembers runs one probe round on the leader of a cluster of
+// several members and records its result; on any other node it forgets
+// the last one (a later leadership starts from no answers).
+func (s *Server) probeBatchMembers() {
+	if !s.isLeader() {
+		s.batchProbe.Store(nil)
+		return
+	}
+	conf, err := s.raftConfiguration()
+	if err != nil || len(conf.Servers) < 2 {
+		return
+	}
+	at := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), batchProbeTimeout)
+	defer cancel()
+	var (
+		mu      sync.Mutex
+		decodes = make(map[raft.ServerID]raft.ServerAddress, len(conf.Servers))
+		wg      sync.WaitGroup
+	)
+	for _, srv := range conf.Servers {
+		if srv.ID == raft.ServerID(s.cfg.NodeID) {
+			continue
+		}
+		rec, ok := s.fsm.member(string(srv.ID))
+		if !ok || rec.api == "" {
+			continue // not registered yet: unknown, so no batching
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if s.memberDecodesBatches(ctx, string(srv.ID), rec.api) {
+				mu.Lock()
+				decodes[srv.ID] = srv.Address
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	s.batchProbe.Store(&batchProbe{at: at, decodes: decodes})
+}
+
+// memberDecodesBatches asks the member id at its API address api for its
+// own status and reports whether that member (the answer names it)
+// decodes batch entries.
+func (s *Server) memberDecodesBatches(ctx context.Context, id, api string) bool {
+	c, err := s.peers.client(api)
+	if err != nil {
+		return false
+	}
+	r, err := c.Status(forwardCtx(ctx), &dlockv1.ClusterStatusRequest{Local: true})
+	if err != nil || r.GetNodeId() != id || len(r.GetMembers()) != 1 {
+		return false
+	}
+	own := r.GetMembers()[0]
+	return own.GetId() == id && own.GetBatchEntries()
+}
