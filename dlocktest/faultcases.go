@@ -376,7 +376,7 @@ func (s *suite) testLinkHealed(t TB) {
 	k := key(t, "k")
 	la := mustAcquire(t, a, k, dlock.WithTTL(ttl))
 	probe := startProbe(t)
-	lost := watchDone(la)
+	lost := watchDone(t, la)
 	ps.each(func(p *netproxy.Proxy) { p.Hold() })
 	heal := sync.OnceFunc(func() { ps.each(func(p *netproxy.Proxy) { p.Release() }) })
 	t.Cleanup(heal)

@@ -135,7 +135,7 @@ func (s *suite) testElection(t TB) {
 	probe := startProbe(t)
 	aWon := campaign(a, "node-a")
 	s.expireA(t, fb)
-	bDone := watchDone(lb.Lease())
+	bDone := watchDone(t, lb.Lease())
 	r = <-aWon
 	if r.err != nil {
 		t.Fatalf("A's Campaign after B stopped renewing: %v", r.err)

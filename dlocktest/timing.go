@@ -68,16 +68,25 @@ func (p *schedProbe) Worst() time.Duration { return time.Duration(p.worst.Load()
 // late after its time an event may be observed.
 func (p *schedProbe) slack(base time.Duration) time.Duration { return base + 4*p.Worst() }
 
-// watchDone starts observing ls.Done at once and returns a channel that
-// receives when it was observed closed; awaitLost takes it, so that a loss
-// that happens while the subtest is busy elsewhere is timed when it happens.
-func watchDone(ls *dlock.Lease) <-chan time.Time {
+// lossWatch observes a lease's end from the moment watchDone made it:
+// when Done was observed closed, and a reference timer due at the lease's
+// deadline (see deadlineRef).
+type lossWatch struct {
+	done <-chan time.Time
+	ref  *deadlineRef
+}
+
+// watchDone starts observing ls.Done, and a reference timer at its
+// deadline, at once; awaitLost takes the watch, so that a loss that
+// happens while the subtest is busy elsewhere is timed when it happens,
+// and the machine's timer lateness at the deadline is measured then too.
+func watchDone(t TB, ls *dlock.Lease) *lossWatch {
 	ch := make(chan time.Time, 1)
 	go func() {
 		<-ls.Done() // every lease ends: lost, released, or closed with its Locker
 		ch <- time.Now()
 	}()
-	return ch
+	return &lossWatch{done: ch, ref: watchDeadline(t, ls)}
 }
 
 // awaitLost waits until ls is lost (at most its deadline plus limit), as
@@ -85,12 +94,12 @@ func watchDone(ls *dlock.Lease) <-chan time.Time {
 // call; nil starts one now), checks that Done closed no later than the
 // lease's own final deadline plus the measured slack and that Err matches
 // ErrLeaseLost, reports the lateness, and returns when Done was observed.
-func awaitLost(t TB, p *schedProbe, ls *dlock.Lease, what string, limit time.Duration, watch <-chan time.Time) time.Time {
+func awaitLost(t TB, p *schedProbe, ls *dlock.Lease, what string, limit time.Duration, w *lossWatch) time.Time {
 	t.Helper()
-	if watch == nil {
-		watch = watchDone(ls)
+	if w == nil {
+		w = watchDone(t, ls)
 	}
-	ref := watchDeadline(t, ls)
+	watch, ref := w.done, w.ref
 	timer := time.NewTimer(time.Until(ls.Deadline()) + limit)
 	defer timer.Stop()
 	var doneAt time.Time
@@ -111,7 +120,7 @@ func awaitLost(t TB, p *schedProbe, ls *dlock.Lease, what string, limit time.Dur
 	// could not run timers then (the OS descheduled this process on a
 	// loaded runner): that lateness is allowed too, since it is not the
 	// lease's.
-	refLate := ref.lateness(max(late, 0) + lossBase)
+	refLate := ref.lateness(ls, max(late, 0)+lossBase)
 	slack := p.slack(lossBase) + refLate
 	t.Logf("%s: Done observed %v after the lease's deadline (allowed %v: scheduling delay up to %v, a timer due at the deadline fired %v late)", what, late, slack, p.Worst(), refLate)
 	if late > slack {
@@ -127,8 +136,9 @@ func awaitLost(t TB, p *schedProbe, ls *dlock.Lease, what string, limit time.Dur
 // move the deadline on: how late it fires is how late this process ran
 // timers at that moment.
 type deadlineRef struct {
-	done chan struct{}
-	late time.Duration // set before done is closed
+	done  chan struct{}
+	late  time.Duration // set before done is closed
+	fired atomic.Int64  // UnixNano of the last firing, set before the lease is read
 }
 
 // watchDeadline starts a deadlineRef for ls. A deadline already past when
@@ -153,6 +163,7 @@ func watchDeadline(t TB, ls *dlock.Lease) *deadlineRef {
 			case <-timer.C:
 			}
 			now := time.Now()
+			r.fired.Store(now.UnixNano())
 			if next := ls.Deadline(); next.After(now) {
 				due = next // renewed meanwhile
 				continue
@@ -166,15 +177,23 @@ func watchDeadline(t TB, ls *dlock.Lease) *deadlineRef {
 	return r
 }
 
-// lateness returns how late the reference timer fired, waiting for it at
-// most wait; a timer that has not fired by then is as late as the wait.
-func (r *deadlineRef) lateness(wait time.Duration) time.Duration {
+// lateness returns how late the reference timer fired after the lease's
+// deadline, waiting for its report at most wait. A timer that fired but did
+// not report by then (it reads the lease, whose lock may be held: a bug
+// this check must catch) counts from its firing; one that has not fired
+// counts nothing, since Done was observed, so the process ran then.
+func (r *deadlineRef) lateness(ls *dlock.Lease, wait time.Duration) time.Duration {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	select {
 	case <-r.done:
 		return r.late
 	case <-timer.C:
-		return wait
 	}
+	if at := r.fired.Load(); at != 0 {
+		if late := time.Unix(0, at).Sub(ls.Deadline()); late > 0 {
+			return late
+		}
+	}
+	return 0
 }

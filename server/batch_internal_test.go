@@ -760,31 +760,37 @@ func TestServer_QueueEntryRidesWithRelease(t *testing.T) {
 
 // TestBatchGate_MembersDecodeBatches: the gate's decision on a probe: every
 // other member of the configuration answered at the address the
-// configuration gives it, and the probe is fresh; a member added since the
-// probe, a member now at another address, an old probe or none, or a
-// leader standing in for an earlier version each turn batching off.
+// configuration gives it, and the probe is fresh and of the same term and
+// configuration; a member added since the probe, a member now at another
+// address, an old probe or none, a probe of an earlier term (leadership
+// lost and won back) or of another configuration (a member removed and
+// added again), or a leader standing in for an earlier version each turn
+// batching off.
 func TestBatchGate_MembersDecodeBatches(t *testing.T) {
 	servers := []raft.Server{{ID: "n1", Address: "a1"}, {ID: "n2", Address: "a2"}, {ID: "n3", Address: "a3"}}
-	fresh := &batchProbe{at: time.Now(), decodes: map[raft.ServerID]raft.ServerAddress{"n2": "a2", "n3": "a3"}}
+	decodes := map[raft.ServerID]raft.ServerAddress{"n2": "a2", "n3": "a3"}
+	fresh := &batchProbe{at: time.Now(), term: 7, confIndex: 40, decodes: decodes}
 	for _, tc := range []struct {
-		name    string
-		probe   *batchProbe
-		servers []raft.Server
-		legacy  bool
-		want    bool
+		name            string
+		probe           *batchProbe
+		servers         []raft.Server
+		term, confIndex uint64
+		legacy          bool
+		want            bool
 	}{
-		{"every member answered", fresh, servers, false, true},
-		{"no probe yet", nil, servers, false, false},
-		{"a probe too old", &batchProbe{at: time.Now().Add(-batchProbeFresh - time.Second), decodes: fresh.decodes}, servers, false, false},
-		{"a member added since", fresh, append(slices.Clone(servers), raft.Server{ID: "n4", Address: "a4"}), false, false},
-		{"a member at another address", fresh, []raft.Server{servers[0], servers[1], {ID: "n3", Address: "a9"}}, false, false},
-		{"a member that did not answer", &batchProbe{at: time.Now(), decodes: map[raft.ServerID]raft.ServerAddress{"n2": "a2"}}, servers, false, false},
-		{"a member removed since", fresh, servers[:2], false, true},
-		{"a leader of an earlier version", fresh, servers, true, false},
+		{"every member answered", fresh, servers, 7, 40, false, true},
+		{"no probe yet", nil, servers, 7, 40, false, false},
+		{"a probe too old", &batchProbe{at: time.Now().Add(-batchProbeFresh - time.Second), term: 7, confIndex: 40, decodes: decodes}, servers, 7, 40, false, false},
+		{"a probe of an earlier term", fresh, servers, 8, 40, false, false},
+		{"a probe of another configuration", fresh, servers, 7, 41, false, false},
+		{"a member added since", fresh, append(slices.Clone(servers), raft.Server{ID: "n4", Address: "a4"}), 7, 40, false, false},
+		{"a member at another address", fresh, []raft.Server{servers[0], servers[1], {ID: "n3", Address: "a9"}}, 7, 40, false, false},
+		{"a member that did not answer", &batchProbe{at: time.Now(), term: 7, confIndex: 40, decodes: map[raft.ServerID]raft.ServerAddress{"n2": "a2"}}, servers, 7, 40, false, false},
+		{"a leader of an earlier version", fresh, servers, 7, 40, true, false},
 	} {
 		s := &Server{cfg: Config{NodeID: "n1", legacyNoBatch: tc.legacy}}
 		s.batchProbe.Store(tc.probe)
-		if got := s.membersDecodeBatches(tc.servers); got != tc.want {
+		if got := s.membersDecodeBatches(tc.servers, tc.term, tc.confIndex); got != tc.want {
 			t.Errorf("%s: membersDecodeBatches = %v, want %v", tc.name, got, tc.want)
 		}
 	}

@@ -35,6 +35,12 @@ const batchProbeTimeout = time.Second
 // batchProbe is the result of one probe round.
 type batchProbe struct {
 	at time.Time
+	// term and confIndex are the Raft term and the index of the
+	// configuration the probe was made in: a probe counts only in both,
+	// so a leadership lost and won back, or a member removed and added
+	// again (whatever its ID and address), waits for a probe of its own.
+	term      uint64
+	confIndex uint64
 	// decodes maps the ID of each member that answered with
 	// batch_entries to the Raft address the configuration gave it when
 	// it was asked.
@@ -54,22 +60,24 @@ func (s *Server) batchEntries() bool {
 	if s.cfg.BatchInCluster {
 		return true
 	}
-	servers := s.raft.GetConfiguration().Configuration().Servers
+	f := s.raft.GetConfiguration()
+	servers := f.Configuration().Servers
 	if len(servers) == 1 && servers[0].ID == raft.ServerID(s.cfg.NodeID) && servers[0].Suffrage == raft.Voter {
 		return true
 	}
-	return s.membersDecodeBatches(servers)
+	return s.membersDecodeBatches(servers, s.raft.CurrentTerm(), f.Index())
 }
 
 // membersDecodeBatches reports whether the latest batch probe, still
-// fresh, found every member of servers but this node decoding batch
-// entries at the address servers gives it.
-func (s *Server) membersDecodeBatches(servers []raft.Server) bool {
+// fresh and made in term and in the configuration of index confIndex,
+// found every member of servers but this node decoding batch entries at
+// the address servers gives it.
+func (s *Server) membersDecodeBatches(servers []raft.Server, term, confIndex uint64) bool {
 	if !s.decodesBatches() {
 		return false
 	}
 	p := s.batchProbe.Load()
-	if p == nil || time.Since(p.at) > batchProbeFresh {
+	if p == nil || time.Since(p.at) > batchProbeFresh || p.term != term || p.confIndex != confIndex {
 		return false
 	}
 	self := raft.ServerID(s.cfg.NodeID)
@@ -84,6 +92,22 @@ func (s *Server) membersDecodeBatches(servers []raft.Server) bool {
 	return true
 }
 
+// startBatchProbe starts a probe round in the background unless one is
+// running, so that a member that does not answer (a round waits up to
+// batchProbeTimeout for it) delays neither memberLoop's registration nor
+// its removal checks.
+func (s *Server) startBatchProbe() {
+	if !s.probing.CompareAndSwap(false, true) {
+		return
+	}
+	s.loops.Add(1)
+	go func() {
+		defer s.loops.Done()
+		defer s.probing.Store(false)
+		s.probeBatchMembers()
+	}()
+}
+
 // probeBatchMembers runs one probe round on the leader of a cluster of
 // several members and records its result; on any other node it forgets
 // the last one (a later leadership starts from no answers).
@@ -92,13 +116,25 @@ func (s *Server) probeBatchMembers() {
 		s.batchProbe.Store(nil)
 		return
 	}
-	conf, err := s.raftConfiguration()
-	if err != nil || len(conf.Servers) < 2 {
+	term := s.raft.CurrentTerm()
+	f := s.raft.GetConfiguration()
+	if f.Error() != nil {
+		return
+	}
+	conf := f.Configuration()
+	if len(conf.Servers) < 2 {
 		return
 	}
 	at := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), batchProbeTimeout)
 	defer cancel()
+	go func() { // a shutdown ends the round at once
+		select {
+		case <-s.stopCh:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	var (
 		mu      sync.Mutex
 		decodes = make(map[raft.ServerID]raft.ServerAddress, len(conf.Servers))
@@ -115,7 +151,7 @@ func (s *Server) probeBatchMembers() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if s.memberDecodesBatches(ctx, string(srv.ID), rec.api) {
+			if s.memberDecodesBatches(ctx, string(srv.ID), string(srv.Address), rec.api) {
 				mu.Lock()
 				decodes[srv.ID] = srv.Address
 				mu.Unlock()
@@ -123,13 +159,14 @@ func (s *Server) probeBatchMembers() {
 		}()
 	}
 	wg.Wait()
-	s.batchProbe.Store(&batchProbe{at: at, decodes: decodes})
+	s.batchProbe.Store(&batchProbe{at: at, term: term, confIndex: f.Index(), decodes: decodes})
 }
 
 // memberDecodesBatches asks the member id at its API address api for its
-// own status and reports whether that member (the answer names it)
-// decodes batch entries.
-func (s *Server) memberDecodesBatches(ctx context.Context, id, api string) bool {
+// own status and reports whether that member decodes batch entries: the
+// answer must name it, with the Raft address raftAddr the configuration
+// gives it (not another node answering at a stale address).
+func (s *Server) memberDecodesBatches(ctx context.Context, id, raftAddr, api string) bool {
 	c, err := s.peers.client(api)
 	if err != nil {
 		return false
@@ -139,5 +176,5 @@ func (s *Server) memberDecodesBatches(ctx context.Context, id, api string) bool 
 		return false
 	}
 	own := r.GetMembers()[0]
-	return own.GetId() == id && own.GetBatchEntries()
+	return own.GetId() == id && own.GetRaftAddr() == raftAddr && own.GetBatchEntries()
 }

@@ -979,7 +979,7 @@ func (s *Server) memberLoop() {
 				return
 			}
 		}
-		s.probeBatchMembers()
+		s.startBatchProbe()
 		if err := s.registerSelf(); err != nil {
 			var ae *apiError
 			if errors.As(err, &ae) && ae.reason == ReasonMemberConflict {

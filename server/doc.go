@@ -381,20 +381,22 @@
 // it takes up leadership, it asks each other member of the configuration
 // for its own status (Cluster.Status, local), whose batch_entries this
 // version sets and earlier ones leave unset; it batches while every
-// member answered so at the Raft address the configuration names, within
-// the last 5 s. A member added since the last probe, one that does not
+// member answered so, naming the node ID and Raft address the
+// configuration gives it, within the last 5 s, in the current term and
+// configuration. A configuration changed since the last probe (a member
+// added, or removed and added again), a new term, a member that does not
 // answer (down, or an API address the leader cannot reach) or one that
 // answers without batch_entries turns batching off at once, until a probe
-// finds every member able again; nothing of it is replicated, and each
-// new leader starts with batching off until its first probe. A rolling
-// upgrade therefore needs nothing: the cluster batches once the last
-// member runs this version. Two cases the probe cannot cover: a member
-// that joins must run this version or later when the log it replays
-// already holds batch entries (as for a member joining a single node), and
-// a member must not be downgraded to a version before batching in place
-// (the leader stops batching within a second of its restart, but entries
-// written meanwhile, or still in its log, would be skipped): remove it,
-// and add it again with an empty data directory.
+// finds every member able again; nothing of it is replicated, so each new
+// leader starts with batching off until its first probe. A rolling upgrade
+// therefore needs nothing: the cluster batches once the last member runs
+// this version. What the probe cannot cover: a member that joins must run
+// this version or later when the log it replays already holds batch
+// entries (as for a member joining a single node); and a cluster that has
+// written batch entries cannot take back a member of a version before
+// batching at all, in place or removed and added again (it would replay
+// or receive entries it skips): downgrading below this version is not
+// supported.
 // From this version on, a member that meets a committed entry it cannot
 // decode (a newer format, or corruption) does not skip it: it fails closed
 // (Server.undecodable): it stops serving, answers UNAVAILABLE (DIVERGED),

@@ -86,6 +86,7 @@ type Server struct {
 	removed     atomic.Bool                // removed from the cluster (leaveCluster): calls are answered NOT_MEMBER
 	diverged    atomic.Uint64              // index of the first committed entry the FSM could not decode (0: none); see undecodable
 	batchProbe  atomic.Pointer[batchProbe] // the leader's latest probe of which members decode batch entries (batchgate.go)
+	probing     atomic.Bool                // a probe round is running (startBatchProbe)
 
 	ready atomic.Bool // leader, caught up, countdowns restarted: serving writes
 	// transferring counts leadership transfers this node started that may

@@ -743,8 +743,13 @@ type created struct {
 // transaction's zxid, the node's czxid (its fence). That saves the queue
 // listing, a round trip, on every acquisition of a free key: ZooKeeper's
 // create answers with the path only. Nothing reads the data of a key's
-// node (it stays empty; its version only grows), and the set fires no
-// watch of this driver's (it watches children, and a node's creation).
+// node (it stays empty; its version grows, and wraps harmlessly: the set
+// names no version). The set fires no watch this driver waits on (it
+// waits on children, and on a node's creation or deletion); a data watch
+// left on the key's node by WatchKey's exists check is fired and cleared,
+// unread. It needs the WRITE permission on the key's node, which the nodes
+// this driver creates give everyone (world:cdrwa); a key node pre-created
+// or re-ACLed without it refuses every acquisition (ErrPermissionDenied).
 func (d *Driver) createNode(dir, owner string, data []byte) (created, error) {
 	res, err := d.conn.Multi(
 		&zk.CreateRequest{Path: dir + "/" + owner + "-", Data: data, Acl: zk.WorldACL(zk.PermAll), Flags: zk.FlagEphemeralSequential},
