@@ -330,9 +330,8 @@ const recheckGap = 20 * time.Millisecond
 
 // heartbeat renews the lease every heartbeat interval while it is held (the
 // first renewal of a grant handed over unconfirmed, its confirmation, at
-// once). A
-// renewal refused for its credentials (ErrPermissionDenied) loses the lease
-// at once. A renewal that fails with a store error is retried with
+// once). A renewal refused for its credentials (ErrPermissionDenied) loses
+// the lease at once. A renewal that fails with a store error is retried with
 // jittered backoff until the deadline; the loss timer, not this loop,
 // declares expiry, so a store that hangs cannot delay the loss. A value on recheck (the driver's
 // hint that the grant may be gone) renews at once, at most once per

@@ -136,9 +136,8 @@ func awaitLost(t TB, p *schedProbe, ls *dlock.Lease, what string, limit time.Dur
 // move the deadline on: how late it fires is how late this process ran
 // timers at that moment.
 type deadlineRef struct {
-	done  chan struct{}
-	late  time.Duration // set before done is closed
-	fired atomic.Int64  // UnixNano of the last firing, set before the lease is read
+	done  chan struct{} // closed once it fired at or after the final deadline
+	fired atomic.Int64  // UnixNano of its last firing, stored before the lease is read
 }
 
 // watchDeadline starts a deadlineRef for ls. A deadline already past when
@@ -164,36 +163,29 @@ func watchDeadline(t TB, ls *dlock.Lease) *deadlineRef {
 			}
 			now := time.Now()
 			r.fired.Store(now.UnixNano())
-			if next := ls.Deadline(); next.After(now) {
-				due = next // renewed meanwhile
-				continue
-			} else if next.After(due) {
-				due = next
-			}
-			r.late = now.Sub(due)
-			return
+			if due = ls.Deadline(); !due.After(now) {
+				return
+			} // else renewed meanwhile: fire again at the new deadline
 		}
 	}()
 	return r
 }
 
 // lateness returns how late the reference timer fired after the lease's
-// deadline, waiting for its report at most wait. A timer that fired but did
-// not report by then (it reads the lease, whose lock may be held: a bug
-// this check must catch) counts from its firing; one that has not fired
-// counts nothing, since Done was observed, so the process ran then.
+// final deadline, waiting at most wait for it to finish. A timer that fired
+// but has not finished by then (it reads the lease, whose lock may be held:
+// a bug this check must catch) counts from its last firing; one that never
+// fired counts nothing, since Done was observed, so the process ran then.
 func (r *deadlineRef) lateness(ls *dlock.Lease, wait time.Duration) time.Duration {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	select {
 	case <-r.done:
-		return r.late
 	case <-timer.C:
 	}
-	if at := r.fired.Load(); at != 0 {
-		if late := time.Unix(0, at).Sub(ls.Deadline()); late > 0 {
-			return late
-		}
+	at := r.fired.Load()
+	if at == 0 {
+		return 0
 	}
-	return 0
+	return max(time.Unix(0, at).Sub(ls.Deadline()), 0)
 }

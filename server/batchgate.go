@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -17,12 +18,14 @@ import (
 // (and at once when it takes up leadership) it asks every other member of
 // the Raft configuration for its own status (Cluster.Status, local), whose
 // batch_entries this version sets and earlier ones leave unset. It writes
-// batch entries while every member of the current configuration answered
+// batch entries while every other member of the configuration answered
 // its latest probe with batch_entries, from the Raft address and node ID
-// the configuration names, within batchProbeFresh; any other answer, no
-// answer, a member added since, or a probe too old turns batching off
-// until the next probe says otherwise. Nothing of it is replicated: each
-// leader asks for itself.
+// the configuration names, and that probe is of the current term and
+// configuration and no older than batchProbeFresh; any other answer, no
+// answer, a configuration changed since (a member added, or removed and
+// added again), a new term or a probe too old turns batching off until the
+// next probe says otherwise. Nothing of it is replicated: each leader asks
+// for itself.
 
 // batchProbeFresh is how long a probe's answers count. Probes run every
 // second; a leader whose probes stop (its member loop stalled) stops
@@ -37,14 +40,13 @@ type batchProbe struct {
 	at time.Time
 	// term and confIndex are the Raft term and the index of the
 	// configuration the probe was made in: a probe counts only in both,
-	// so a leadership lost and won back, or a member removed and added
-	// again (whatever its ID and address), waits for a probe of its own.
+	// so a leadership lost and won back, or a member added, or removed and
+	// added again, waits for a probe of its own.
 	term      uint64
 	confIndex uint64
-	// decodes maps the ID of each member that answered with
-	// batch_entries to the Raft address the configuration gave it when
-	// it was asked.
-	decodes map[raft.ServerID]raft.ServerAddress
+	// all: every other member of that configuration answered with
+	// batch_entries.
+	all bool
 }
 
 // decodesBatches reports whether this node decodes batch entries, as its
@@ -65,31 +67,16 @@ func (s *Server) batchEntries() bool {
 	if len(servers) == 1 && servers[0].ID == raft.ServerID(s.cfg.NodeID) && servers[0].Suffrage == raft.Voter {
 		return true
 	}
-	return s.membersDecodeBatches(servers, s.raft.CurrentTerm(), f.Index())
+	return s.membersDecodeBatches(s.raft.CurrentTerm(), f.Index())
 }
 
 // membersDecodeBatches reports whether the latest batch probe, still
 // fresh and made in term and in the configuration of index confIndex,
-// found every member of servers but this node decoding batch entries at
-// the address servers gives it.
-func (s *Server) membersDecodeBatches(servers []raft.Server, term, confIndex uint64) bool {
-	if !s.decodesBatches() {
-		return false
-	}
+// found every other member decoding batch entries.
+func (s *Server) membersDecodeBatches(term, confIndex uint64) bool {
 	p := s.batchProbe.Load()
-	if p == nil || time.Since(p.at) > batchProbeFresh || p.term != term || p.confIndex != confIndex {
-		return false
-	}
-	self := raft.ServerID(s.cfg.NodeID)
-	for _, srv := range servers {
-		if srv.ID == self {
-			continue
-		}
-		if addr, ok := p.decodes[srv.ID]; !ok || addr != srv.Address {
-			return false
-		}
-	}
-	return true
+	return s.decodesBatches() && p != nil && p.all && time.Since(p.at) <= batchProbeFresh &&
+		p.term == term && p.confIndex == confIndex
 }
 
 // startBatchProbe starts a probe round in the background unless one is
@@ -136,9 +123,8 @@ func (s *Server) probeBatchMembers() {
 		}
 	}()
 	var (
-		mu      sync.Mutex
-		decodes = make(map[raft.ServerID]raft.ServerAddress, len(conf.Servers))
-		wg      sync.WaitGroup
+		no atomic.Bool // a member did not answer with batch_entries
+		wg sync.WaitGroup
 	)
 	for _, srv := range conf.Servers {
 		if srv.ID == raft.ServerID(s.cfg.NodeID) {
@@ -146,20 +132,19 @@ func (s *Server) probeBatchMembers() {
 		}
 		rec, ok := s.fsm.member(string(srv.ID))
 		if !ok || rec.api == "" {
-			continue // not registered yet: unknown, so no batching
+			no.Store(true) // not registered yet: unknown, so no batching
+			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if s.memberDecodesBatches(ctx, string(srv.ID), string(srv.Address), rec.api) {
-				mu.Lock()
-				decodes[srv.ID] = srv.Address
-				mu.Unlock()
+			if !s.memberDecodesBatches(ctx, string(srv.ID), string(srv.Address), rec.api) {
+				no.Store(true)
 			}
 		}()
 	}
 	wg.Wait()
-	s.batchProbe.Store(&batchProbe{at: at, term: term, confIndex: f.Index(), decodes: decodes})
+	s.batchProbe.Store(&batchProbe{at: at, term: term, confIndex: f.Index(), all: !no.Load()})
 }
 
 // memberDecodesBatches asks the member id at its API address api for its

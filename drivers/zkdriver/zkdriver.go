@@ -706,12 +706,18 @@ func (d *Driver) enqueueAs(ctx context.Context, req driver.AcquireRequest, mode 
 	// node is the only child by then, the listing's parent stat gives its
 	// fence (see onlyChildFence), else its stat is read (czxid: the fence;
 	// one more round trip).
-	var parent *zk.Stat
-	if c.parent != nil && c.parent.NumChildren == 1 && d.conn.SessionID() == gen.session {
-		e.children = []string{e.name}
-		e.stat, e.fence = &zk.Stat{EphemeralOwner: gen.session}, c.parent.Pzxid
-	} else if e.children, parent, err = d.childrenStat(ctx, dir); err == nil {
-		if fence, ok := onlyChildFence(e.name, e.children, parent); ok && d.conn.SessionID() == gen.session {
+	var fence int64
+	only := false
+	if c.parent != nil && c.parent.NumChildren == 1 {
+		e.children, fence, only = []string{e.name}, c.parent.Pzxid, true
+	} else {
+		var parent *zk.Stat
+		if e.children, parent, err = d.childrenStat(ctx, dir); err == nil {
+			fence, only = onlyChildFence(e.name, e.children, parent)
+		}
+	}
+	if err == nil {
+		if only && d.conn.SessionID() == gen.session {
 			// A node this session created just now: version 0, owned
 			// by the session; its czxid is not read (czxid 0 below).
 			e.stat, e.fence = &zk.Stat{EphemeralOwner: gen.session}, fence

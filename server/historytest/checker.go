@@ -351,7 +351,7 @@ func validityOf(op *Op, ttl time.Duration) time.Duration {
 	if op.Kind == Acquire {
 		return GrantValidUntil(op.Invoke, op.GrantTTL, op.ClaimWithin)
 	}
-	return op.Invoke + ttl - Drift(ttl)
+	return GrantValidUntil(op.Invoke, ttl, 0)
 }
 
 // GrantValidUntil is the validity end, on the history's clock, of a grant
