@@ -107,6 +107,7 @@ func (s *suite) testFrozen(t TB) {
 	awaitWaiting(t, fc, b, blocker.Key())
 
 	probe := startProbe(t)
+	heldLost := watchDone(t, held)
 	thaw := s.freeze(t)
 	frozenAt := time.Now()
 	type result struct {
@@ -148,7 +149,7 @@ func (s *suite) testFrozen(t TB) {
 	})
 	timed("Close", c.Close)
 
-	awaitLost(t, probe, held, "held lease with the store frozen", 10*time.Second, nil)
+	awaitLost(t, probe, held, "held lease with the store frozen", 10*time.Second, heldLost)
 	for range 5 {
 		r := <-results
 		limit := op + probe.slack(time.Second)

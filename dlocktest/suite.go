@@ -789,8 +789,11 @@ func (s *suite) testStoreDownLosesLease(t TB) {
 	k := key(t, "k")
 	ls := mustAcquire(t, l, k, dlock.WithTTL(ttl))
 	probe := startProbe(t)
+	// Watched from before the stop, which may take longer than the TTL
+	// (a server that flushes before it exits).
+	lost := watchDone(t, ls)
 	s.stopStore(t)
-	awaitLost(t, probe, ls, "lease with the store gone", 10*time.Second, nil)
+	awaitLost(t, probe, ls, "lease with the store gone", 10*time.Second, lost)
 }
 
 func (s *suite) testFailOpen(t TB) {
@@ -841,12 +844,13 @@ func (s *suite) testCutOff(t TB) {
 	k := key(t, "k")
 	ls := mustAcquire(t, l, k, dlock.WithTTL(ttl))
 	probe := startProbe(t)
+	lost := watchDone(t, ls)
 	fd.CutOff(true)
 	_, err := l.TryAcquire(t.Context(), key(t, "other"))
 	if !errors.Is(err, dlock.ErrUnavailable) || !errors.Is(err, ErrCutOff) {
 		t.Fatalf("TryAcquire while cut off = %v, want ErrUnavailable wrapping the store error", err)
 	}
-	awaitLost(t, probe, ls, "lease while cut off", 10*time.Second, nil)
+	awaitLost(t, probe, ls, "lease while cut off", 10*time.Second, lost)
 	fd.CutOff(false)
 }
 
@@ -906,8 +910,9 @@ func (s *suite) testAcquireAllLost(t TB) {
 	// deadline, and keys[1] let go on the store, not kept renewing.
 	probe := startProbe(t)
 	members := set.Leases()
+	lost := watchDone(t, members[0])
 	fa.BlockRenewalsOf(keys[0], true)
-	awaitLost(t, probe, members[0], "the member whose renewals were blocked", 3*ttl, nil)
+	awaitLost(t, probe, members[0], "the member whose renewals were blocked", 3*ttl, lost)
 	// The set follows its member through context.AfterFunc, a moment later.
 	select {
 	case <-set.Done():

@@ -90,15 +90,13 @@ func watchDone(t TB, ls *dlock.Lease) *lossWatch {
 }
 
 // awaitLost waits until ls is lost (at most its deadline plus limit), as
-// observed by watch (from watchDone, started before whatever may delay this
-// call; nil starts one now), checks that Done closed no later than the
+// observed by w (from watchDone, started before the fault and whatever else
+// may delay this call: a watch started after the loss would time it by its
+// own start), checks that Done closed no later than the
 // lease's own final deadline plus the measured slack and that Err matches
 // ErrLeaseLost, reports the lateness, and returns when Done was observed.
 func awaitLost(t TB, p *schedProbe, ls *dlock.Lease, what string, limit time.Duration, w *lossWatch) time.Time {
 	t.Helper()
-	if w == nil {
-		w = watchDone(t, ls)
-	}
 	watch, ref := w.done, w.ref
 	timer := time.NewTimer(time.Until(ls.Deadline()) + limit)
 	defer timer.Stop()
