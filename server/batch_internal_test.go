@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"log/slog"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -481,6 +483,25 @@ func TestServer_ProposalsAreBatched(t *testing.T) {
 	}
 }
 
+// TestServer_BatchingOffWritesOneEntryPerCommand: with Batching off
+// (the first step of a downgrade) even a single server writes one entry
+// per command, and still gives every caller its own result.
+func TestServer_BatchingOffWritesOneEntryPerCommand(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Batching = BatchNever
+	s := startTestServer(t, cfg)
+	s.proposer.mu.Lock()
+	e0, c0 := s.proposer.entries, s.proposer.commands
+	s.proposer.mu.Unlock()
+	burstOn(t, s, 200)
+	s.proposer.mu.Lock()
+	entries, commands := s.proposer.entries-e0, s.proposer.commands-c0
+	s.proposer.mu.Unlock()
+	if commands < 200 || entries != commands {
+		t.Fatalf("%d commands in %d entries with Batching off, want one entry each", commands, entries)
+	}
+}
+
 // TestServer_FencesAfterRestartWithBatches: a log and a snapshot holding
 // batch entries replay to the same table on restart, and every fence
 // issued after the restart is above every fence issued before.
@@ -584,23 +605,28 @@ func burstOn(t *testing.T, s *Server, n int) {
 // every member of this version it batches once its probe has their
 // answers, and every member applies the batches to the same table; with
 // one member standing in for a version before batching it writes one entry
-// per command, for as long as that member is in the configuration; with
-// BatchInCluster it batches whatever the members say.
+// per command, for as long as that member is in the configuration, and
+// logs which member keeps it off; with Batching on it batches whatever the
+// members say, with Batching off never.
 func TestCluster_BatchEntriesGated(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		legacy bool // n3 stands in for a member of a version before batching
-		force  bool // BatchInCluster
+		legacy bool      // n3 stands in for a member of a version before batching
+		mode   BatchMode // Config.Batching
 		batch  bool
 	}{
-		{"every member decodes batches", false, false, true},
-		{"one member of an earlier version", true, false, false},
-		{"one member of an earlier version, BatchInCluster", true, true, true},
+		{"every member decodes batches", false, "", true},
+		{"one member of an earlier version", true, "", false},
+		{"one member of an earlier version, batching on", true, BatchAlways, true},
+		{"every member decodes batches, batching off", false, BatchNever, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			logs := map[string]*logBuffer{}
 			c := startLeaseCluster(t, 3, func(cfg *Config) {
-				cfg.BatchInCluster = tc.force
+				cfg.Batching = tc.mode
 				cfg.legacyNoBatch = tc.legacy && cfg.NodeID == "n3"
+				logs[cfg.NodeID] = &logBuffer{}
+				cfg.Logger = slog.New(slog.NewTextHandler(logs[cfg.NodeID], &slog.HandlerOptions{Level: slog.LevelInfo}))
 			})
 			var s *Server
 			for {
@@ -635,8 +661,29 @@ func TestCluster_BatchEntriesGated(t *testing.T) {
 						t.Fatal("the leader batches with a member that does not decode batch entries")
 					}
 				}
-				if p := s.batchProbe.Load(); p == nil || time.Since(p.at) > 2*time.Second || p.all {
-					t.Fatalf("the probe %+v: want a recent one that found a member not decoding batches", p)
+				if p := s.batchProbe.Load(); p == nil || time.Since(p.at) > 2*time.Second || p.all != !tc.legacy {
+					t.Fatalf("the probe %+v: want a recent one that found every member decoding batches: %v", p, !tc.legacy)
+				}
+			}
+			// The leader says why it does not batch, naming the member
+			// and the reason (a member not registered yet may come
+			// first), and when it does; with a mode set it logs no
+			// verdict.
+			leaderLog := logs[s.cfg.NodeID].String()
+			off := strings.LastIndex(leaderLog, "batching off")
+			on := strings.LastIndex(leaderLog, "batching on")
+			switch {
+			case tc.mode != "":
+				if off >= 0 || on >= 0 {
+					t.Errorf("with Batching %q the leader logged a verdict:\n%s", tc.mode, leaderLog)
+				}
+			case tc.legacy:
+				if on >= 0 || off < 0 || !strings.Contains(leaderLog[off:], "n3: it does not report batch_entries") {
+					t.Errorf("the leader's log: want batching off naming n3 and why, and never on; got:\n%s", leaderLog)
+				}
+			default:
+				if on < 0 || off > on {
+					t.Errorf("the leader's log: want batching on last; got:\n%s", leaderLog)
 				}
 			}
 			for _, n := range c.nodes { // registered, so that Status asks each

@@ -2,8 +2,10 @@ package server
 
 import (
 	"context"
+	"fmt"
+	"slices"
+	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -54,12 +56,16 @@ type batchProbe struct {
 // of a version before batching (Config.legacyNoBatch).
 func (s *Server) decodesBatches() bool { return !s.cfg.legacyNoBatch }
 
-// batchEntries reports whether several commands may share an entry: while
-// this node is the only server of the Raft configuration, when
-// Config.BatchInCluster forces it, or when the latest probe found that
-// every other member decodes batch entries (see the batch gate above).
+// batchEntries reports whether several commands may share an entry: never
+// with Config.Batching BatchNever; always with BatchAlways; otherwise
+// while this node is the only server of the Raft configuration, or when
+// the latest probe found that every other member decodes batch entries
+// (see the batch gate above).
 func (s *Server) batchEntries() bool {
-	if s.cfg.BatchInCluster {
+	switch s.cfg.Batching {
+	case BatchNever:
+		return false
+	case BatchAlways:
 		return true
 	}
 	f := s.raft.GetConfiguration()
@@ -101,6 +107,7 @@ func (s *Server) startBatchProbe() {
 func (s *Server) probeBatchMembers() {
 	if !s.isLeader() {
 		s.batchProbe.Store(nil)
+		s.batchLogged = "" // a later leadership logs its own verdict
 		return
 	}
 	term := s.raft.CurrentTerm()
@@ -123,43 +130,90 @@ func (s *Server) probeBatchMembers() {
 		}
 	}()
 	var (
-		no atomic.Bool // a member did not answer with batch_entries
-		wg sync.WaitGroup
+		mu      sync.Mutex
+		refused []string // "id: why" of each member that did not answer with batch_entries
+		wg      sync.WaitGroup
 	)
+	refuse := func(id, why string) {
+		mu.Lock()
+		refused = append(refused, id+": "+why)
+		mu.Unlock()
+	}
 	for _, srv := range conf.Servers {
 		if srv.ID == raft.ServerID(s.cfg.NodeID) {
 			continue
 		}
 		rec, ok := s.fsm.member(string(srv.ID))
 		if !ok || rec.api == "" {
-			no.Store(true) // not registered yet: unknown, so no batching
+			refuse(string(srv.ID), "API address not registered yet") // unknown, so no batching
 			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if !s.memberDecodesBatches(ctx, string(srv.ID), string(srv.Address), rec.api) {
-				no.Store(true)
+			if why := s.memberDecodesBatches(ctx, string(srv.ID), string(srv.Address), rec.api); why != "" {
+				refuse(string(srv.ID), why)
 			}
 		}()
 	}
 	wg.Wait()
-	s.batchProbe.Store(&batchProbe{at: at, term: term, confIndex: f.Index(), all: !no.Load()})
+	s.batchProbe.Store(&batchProbe{at: at, term: term, confIndex: f.Index(), all: len(refused) == 0})
+	s.logBatchVerdict(refused)
+}
+
+// logBatchVerdict logs the leader's batch verdict when it changes:
+// "batching on", or "batching off" with the members that kept it off
+// (one line per change of that list, not per probe). With Config.Batching
+// on or off the probe decides nothing, and nothing is logged.
+func (s *Server) logBatchVerdict(refused []string) {
+	if s.cfg.Batching == BatchAlways || s.cfg.Batching == BatchNever {
+		return
+	}
+	slices.Sort(refused)
+	verdict := "on"
+	if len(refused) > 0 {
+		ids := make([]string, len(refused))
+		for i, r := range refused {
+			ids[i], _, _ = strings.Cut(r, ": ")
+		}
+		verdict = "off: " + strings.Join(ids, ",") // the members, not their errors' text, which may change every round
+	}
+	if verdict == s.batchLogged {
+		return
+	}
+	if s.batchLogged == "" && len(refused) == 0 {
+		s.log.Info("dlockd: batching on: every member decodes batch entries")
+	} else if len(refused) == 0 {
+		s.log.Info("dlockd: batching on again: every member decodes batch entries")
+	} else {
+		s.log.Warn("dlockd: batching off: one log entry per command until every member answers that it decodes batch entries", "members", strings.Join(refused, "; "))
+	}
+	s.batchLogged = verdict
 }
 
 // memberDecodesBatches asks the member id at its API address api for its
-// own status and reports whether that member decodes batch entries: the
-// answer must name it, with the Raft address raftAddr the configuration
-// gives it (not another node answering at a stale address).
-func (s *Server) memberDecodesBatches(ctx context.Context, id, raftAddr, api string) bool {
+// own status and returns "" when that member decodes batch entries, or
+// why not: the answer must name it, with the Raft address raftAddr the
+// configuration gives it (not another node answering at a stale address),
+// and report batch_entries.
+func (s *Server) memberDecodesBatches(ctx context.Context, id, raftAddr, api string) string {
 	c, err := s.peers.client(api)
 	if err != nil {
-		return false
+		return fmt.Sprintf("API address %s: %v", api, err)
 	}
 	r, err := c.Status(forwardCtx(ctx), &dlockv1.ClusterStatusRequest{Local: true})
-	if err != nil || r.GetNodeId() != id || len(r.GetMembers()) != 1 {
-		return false
+	if err != nil {
+		return fmt.Sprintf("status from %s: %v", api, err)
+	}
+	if r.GetNodeId() != id || len(r.GetMembers()) != 1 {
+		return fmt.Sprintf("%s answered as node %q, not as this member", api, r.GetNodeId())
 	}
 	own := r.GetMembers()[0]
-	return own.GetId() == id && own.GetRaftAddr() == raftAddr && own.GetBatchEntries()
+	switch {
+	case own.GetId() != id || own.GetRaftAddr() != raftAddr:
+		return fmt.Sprintf("%s answered as node %q at Raft address %s, not %s", api, own.GetId(), own.GetRaftAddr(), raftAddr)
+	case !own.GetBatchEntries():
+		return "it does not report batch_entries (a version before batching)"
+	}
+	return ""
 }

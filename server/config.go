@@ -179,18 +179,19 @@ type Config struct {
 	// TrailingLogs is how many entries are kept after a snapshot. Default
 	// 10240.
 	TrailingLogs uint64
-	// BatchInCluster makes the leader write several commands in one log
-	// entry (a batch entry, encoding version 4) in a cluster whatever its
-	// members answer. Without it, a single server always batches, and the
-	// leader of a cluster batches while every member of the Raft
-	// configuration reports that it decodes batch entries (the leader asks
-	// every second; see "Batching" in the package doc), so it is needed
-	// only where a member's status cannot be read (its API address
-	// unreachable from the leader). Set it only when every member runs a
-	// version that decodes batch entries (this one or later): an earlier
-	// member cannot, and its lock table would part from the leader's.
-	// Default false.
-	BatchInCluster bool
+	// Batching says when the leader writes several commands in one log
+	// entry (a batch entry, encoding version 4): BatchAuto (the default,
+	// also the zero value) batches on a single server always, and on the
+	// leader of a cluster while every member of the Raft configuration
+	// reports that it decodes batch entries (the leader asks every second;
+	// see "Batching" in the package doc); BatchAlways batches in a cluster
+	// whatever the members answer, for members whose status the leader
+	// cannot read (an API address unreachable from it), and only when every
+	// member runs a version that decodes batch entries (this one or later:
+	// an earlier member cannot, and its lock table would part from the
+	// leader's); BatchNever writes one entry per command, the first step of
+	// a downgrade (see the package doc).
+	Batching BatchMode
 	// NoSync turns off fsync of the Raft log. Unsafe: a crash may lose
 	// acknowledged grants and reissue fences. Default false; tests only.
 	NoSync bool
@@ -424,6 +425,9 @@ func (c Config) Validate() error {
 		}
 	}
 	errs = append(errs, c.validateCluster()...)
+	if err := c.Batching.check(); err != nil {
+		bad("Batching: %v", err)
+	}
 	errs = append(errs, c.validateTLS()...)  // API TLS (issue 12)
 	errs = append(errs, c.validateAuth()...) // authentication and audit (issue 12, auth.go)
 	if c.MaxKeyBytes < 1 || c.MaxKeyBytes > 512 {
@@ -558,7 +562,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.Uint64Var(&c.SnapshotThreshold, "snapshot-threshold", c.SnapshotThreshold, "log entries since the last snapshot that trigger one")
 	fs.StringVar(&c.RaftLogLevel, "raft-log-level", c.RaftLogLevel, "Raft log level: trace, debug, info, warn, error, off (default: follow --log-level)")
 	fs.BoolVar(&c.NoSync, "unsafe-no-fsync", c.NoSync, "do not fsync the Raft log (tests and benchmarks only: a crash can lose acknowledged grants and reissue fences)")
-	fs.BoolVar(&c.BatchInCluster, "batch-in-cluster", c.BatchInCluster, "write several commands per Raft log entry in a cluster even when not every member reports that it decodes them (by default the leader batches while every member does, and a single member always); only when every member runs a version that decodes batch entries")
+	fs.Var(batchModeFlag{&c.Batching}, "batching", "when the leader writes several commands per Raft log entry: auto (a single server always, a cluster while every member reports that it decodes them), on (in a cluster whatever members report: only when every member runs a version that decodes batch entries), off (one entry per command: the first step of a downgrade)")
 	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "serve net/http/pprof under /debug/pprof/ on the API port")
 	// Lock-table safety settings.
 	fs.DurationVar(&c.LockDelay, "lock-delay", c.LockDelay, "after a grant is lost without a release, grant its key to nobody for this long (a request may set its own, up to its TTL)")
@@ -795,6 +799,50 @@ func (f peersFlag) Set(s string) error {
 }
 
 // rewriteFlag is the pflag.Value of --test-raft-dial-rewrite.
+// BatchMode is Config.Batching: when the leader writes batch entries.
+type BatchMode string
+
+// The batch modes (Config.Batching, dlockd --batching).
+const (
+	// BatchAuto batches on a single server, and in a cluster while every
+	// member reports that it decodes batch entries. "" means it too.
+	BatchAuto BatchMode = "auto"
+	// BatchAlways batches in a cluster whatever its members report.
+	BatchAlways BatchMode = "on"
+	// BatchNever writes one log entry per command.
+	BatchNever BatchMode = "off"
+)
+
+// check returns an error naming the modes when m is none of them.
+func (m BatchMode) check() error {
+	switch m {
+	case "", BatchAuto, BatchAlways, BatchNever:
+		return nil
+	}
+	return fmt.Errorf("%q is not a batch mode (auto, on or off)", string(m))
+}
+
+type batchModeFlag struct{ m *BatchMode }
+
+func (f batchModeFlag) String() string {
+	if *f.m == "" {
+		return string(BatchAuto)
+	}
+	return string(*f.m)
+}
+func (f batchModeFlag) Type() string { return "auto|on|off" }
+func (f batchModeFlag) Set(s string) error {
+	m := BatchMode(strings.ToLower(strings.TrimSpace(s)))
+	if m == "" {
+		return BatchMode(s).check()
+	}
+	if err := m.check(); err != nil {
+		return err
+	}
+	*f.m = m
+	return nil
+}
+
 type rewriteFlag struct{ m *map[string]string }
 
 func (f rewriteFlag) String() string {

@@ -21,7 +21,7 @@ import (
 // ready (not even when it wins an election), and its calls are answered
 // UNAVAILABLE (DIVERGED). The other two members keep serving.
 func TestCluster_MemberThatCannotDecodeAnEntryStopsServing(t *testing.T) {
-	c := startLeaseCluster(t, 3, func(cfg *Config) { cfg.BatchInCluster = true })
+	c := startLeaseCluster(t, 3, func(cfg *Config) { cfg.Batching = BatchAlways })
 	leader := c.leader(20 * time.Second)
 	var old *Server
 	for _, s := range c.nodes {

@@ -374,8 +374,8 @@
 // table would part from the leader's. So the leader writes batch entries
 // only while the Raft configuration has this node alone (the embedded
 // default), or while every other member of the configuration says it
-// decodes them, or when Config.BatchInCluster (--batch-in-cluster) forces
-// it; otherwise a round is written as one plain entry per command (Raft
+// decodes them, or when Config.Batching is BatchAlways (--batching on)
+// (never when it is BatchNever, --batching off); otherwise a round is written as one plain entry per command (Raft
 // still writes the round with one fsync). A member's version is not in the
 // log, so the leader asks (batchgate.go): every second, and at once when
 // it takes up leadership, it asks each other member of the configuration
@@ -394,9 +394,18 @@
 // this version or later when the log it replays already holds batch
 // entries (as for a member joining a single node); and a cluster that has
 // written batch entries cannot take back a member of a version before
-// batching at all, in place or removed and added again (it would replay
-// or receive entries it skips): downgrading below this version is not
-// supported.
+// batching, in place or removed and added again, while its log still holds
+// them (the member would replay or receive entries it skips). A downgrade
+// below this version therefore takes three steps, and anything short of
+// them is not supported: restart every member with --batching off (the
+// leader then writes one entry per command); wait until every member has
+// taken a snapshot past the last batch entry (a restart replays only what
+// follows its snapshot) and past the last fence issued (a batch's fences
+// run ahead of the log index, and an earlier version may not carry on
+// from a last fence ahead of it); then replace the members one at a
+// time. The leader logs each change of its verdict ("batching on", or
+// "batching off" naming the members that kept it off and why), and dlock
+// cluster status prints it and each member's answer.
 // From this version on, a member that meets a committed entry it cannot
 // decode (a newer format, or corruption) does not skip it: it fails closed
 // (Server.undecodable): it stops serving, answers UNAVAILABLE (DIVERGED),

@@ -225,6 +225,14 @@ func TestClusterMetrics_InProcess(t *testing.T) {
 	if term := gaugeBy(scrapeHTTP(l), "dlockd_raft_term", "")[""]; term < 1 {
 		t.Errorf("leader's dlockd_raft_term %v, want >= 1", term)
 	}
+	// Every member decodes batch entries: the leader batches once its
+	// probe has their answers; a follower never writes entries.
+	waitUntil(t, "the leader's dlockd_raft_batching 1", func() bool {
+		return gaugeBy(scrapeHTTP(l), "dlockd_raft_batching", "")[""] == 1
+	})
+	if v, ok := gaugeBy(scrapeHTTP(f), "dlockd_raft_batching", "")[""]; !ok || v != 0 {
+		t.Errorf("follower %s: dlockd_raft_batching %v (present %v), want 0", nodes[f].cfg.NodeID, v, ok)
+	}
 	stopped := nodes[f].cfg.NodeID
 	nodes[f].stop(t)
 	waitUntil(t, "the stopped member's contact from the leader's heartbeats", func() bool {

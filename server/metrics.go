@@ -136,6 +136,15 @@ func newMetrics(s *Server) *metrics {
 			return float64(s.raft.CurrentTerm())
 		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "dlockd_raft_batching",
+			Help: "1 when this node is the leader and writes several commands per log entry (see --batching); 0 on a leader whose batch gate is shut (the log names the members that keep it so) and on every other node.",
+		}, func() float64 {
+			if s.raftUp.Load() && s.isLeader() && s.batchEntries() {
+				return 1
+			}
+			return 0
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "dlockd_raft_applied_index",
 			Help: "Index of the last log entry applied to the lock table.",
 		}, func() float64 { a, _ := s.fsm.appliedIndex(); return float64(a) }),

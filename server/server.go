@@ -87,6 +87,7 @@ type Server struct {
 	diverged    atomic.Uint64              // index of the first committed entry the FSM could not decode (0: none); see undecodable
 	batchProbe  atomic.Pointer[batchProbe] // the leader's latest probe of which members decode batch entries (batchgate.go)
 	probing     atomic.Bool                // a probe round is running (startBatchProbe)
+	batchLogged string                     // the batch verdict last logged (probeBatchMembers only, one round at a time)
 
 	ready atomic.Bool // leader, caught up, countdowns restarted: serving writes
 	// transferring counts leadership transfers this node started that may

@@ -47,6 +47,7 @@ data: /var/lib/dlockd
 max-ttl: 2h
 pprof: true
 max-waiters-per-key: 77
+batching: off
 initial-cluster:
   - n1=127.0.0.1:7451
   - n2=127.0.0.1:7461
@@ -60,8 +61,8 @@ test-raft-dial-rewrite: {127.0.0.1:7461: 127.0.0.1:9461}
 	if cfg.Listen != "127.0.0.1:9999" || cfg.MaxWaitersPerKey != 5 {
 		t.Errorf("command line lost: listen %q, max-waiters-per-key %d", cfg.Listen, cfg.MaxWaitersPerKey)
 	}
-	if cfg.NodeID != "n1" || cfg.DataDir != "/var/lib/dlockd" || cfg.MaxTTL != 2*time.Hour || !cfg.Pprof {
-		t.Errorf("file values: node-id %q data %q max-ttl %v pprof %v", cfg.NodeID, cfg.DataDir, cfg.MaxTTL, cfg.Pprof)
+	if cfg.NodeID != "n1" || cfg.DataDir != "/var/lib/dlockd" || cfg.MaxTTL != 2*time.Hour || !cfg.Pprof || cfg.Batching != server.BatchNever {
+		t.Errorf("file values: node-id %q data %q max-ttl %v pprof %v batching %q", cfg.NodeID, cfg.DataDir, cfg.MaxTTL, cfg.Pprof, cfg.Batching)
 	}
 	if got := server.FormatInitialCluster(cfg.InitialCluster); got != "n1=127.0.0.1:7451,n2=127.0.0.1:7461" {
 		t.Errorf("initial-cluster from a list: %q", got)
@@ -111,6 +112,7 @@ func TestRun_ConfigFileErrorsExit2(t *testing.T) {
 		{"list for a scalar", "listen: [a, b]\n", []string{":1:", `key "listen" takes one value`, "not a list"}},
 		{"mapping for a scalar", "data: {a: b}\n", []string{`key "data" takes one value`, "not a mapping"}},
 		{"yes for a bool", "insecure-listen: yes\n", []string{`key "insecure-listen"`, `bad value "yes"`, "want true or false"}},
+		{"bad batch mode", "batching: sometimes\n", []string{`key "batching"`, `bad value "sometimes"`, "auto, on or off"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

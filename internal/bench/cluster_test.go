@@ -118,13 +118,14 @@ func BenchmarkCluster(b *testing.B) {
 					return waitUntil(ctx, 30*time.Second, func() bool { return c.Leader() >= 0 })
 				}
 				rep.Labels[store] = "etcd 3.4, 3 nodes"
-			case "dlockd3", "dlockd5", "dlockd3-500ms", "dlockd3-batch":
-				n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSuffix(strings.TrimPrefix(name, "dlockd"), "-500ms"), "-batch"))
+			case "dlockd3", "dlockd5", "dlockd3-500ms", "dlockd3-nobatch":
+				n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSuffix(strings.TrimPrefix(name, "dlockd"), "-500ms"), "-nobatch"))
 				var extra []string
-				if strings.HasSuffix(name, "-batch") {
-					// Batched Raft entries, which a cluster writes only when
-					// told every member reads them (server/doc.go, # Batching).
-					extra = []string{"--batch-in-cluster"}
+				if strings.HasSuffix(name, "-nobatch") {
+					// One Raft entry per command: what batching gains (by
+					// default a cluster batches once every member has said
+					// it decodes batch entries; server/doc.go, Batching).
+					extra = []string{"--batching", "off"}
 				}
 				if strings.HasSuffix(name, "-500ms") {
 					// etcd's election timeout in these runs.
@@ -147,11 +148,11 @@ func BenchmarkCluster(b *testing.B) {
 				if strings.HasSuffix(name, "-500ms") {
 					rep.Labels[store] += ", Raft timeouts 500 ms"
 				}
-				if strings.HasSuffix(name, "-batch") {
-					rep.Labels[store] += ", batched entries (--batch-in-cluster)"
+				if strings.HasSuffix(name, "-nobatch") {
+					rep.Labels[store] += ", one entry per command (--batching off)"
 				}
 			default:
-				b.Fatalf("BENCH_CLUSTERS: unknown cluster %q (etcd3, dlockd3, dlockd5, dlockd3-500ms, dlockd3-batch)", name)
+				b.Fatalf("BENCH_CLUSTERS: unknown cluster %q (etcd3, dlockd3, dlockd5, dlockd3-500ms, dlockd3-nobatch)", name)
 			}
 			r, err := Run(b.Context(), Config{
 				Stores: []string{store}, Duration: dur, SkipHold: true,

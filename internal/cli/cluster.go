@@ -472,12 +472,16 @@ func orDash(s string) string {
 
 // clusterStatus is the cluster's status as dlock prints it with -o json.
 type clusterStatus struct {
-	NodeID     string          `json:"node_id"`
-	LeaderID   string          `json:"leader_id"`
-	LeaderAPI  string          `json:"leader_api"`
-	Term       uint64          `json:"term"`
-	AnsweredBy string          `json:"answered_by"`
-	Members    []clusterMember `json:"members"`
+	NodeID     string `json:"node_id"`
+	LeaderID   string `json:"leader_id"`
+	LeaderAPI  string `json:"leader_api"`
+	Term       uint64 `json:"term"`
+	AnsweredBy string `json:"answered_by"`
+	// Batching: the leader writes several commands per log entry (its
+	// batch gate, dlockd --batching); null when a follower answered,
+	// which does not know.
+	Batching *bool           `json:"batching"`
+	Members  []clusterMember `json:"members"`
 }
 
 // clusterMember is one member in clusterStatus.
@@ -491,7 +495,11 @@ type clusterMember struct {
 	Term               *uint64  `json:"term"`
 	LastContactSeconds *float64 `json:"last_contact_seconds"`
 	AppliedIndex       *uint64  `json:"applied_index"`
-	Error              string   `json:"error,omitempty"`
+	// BatchEntries: the member decodes log entries of several commands
+	// (a version before batching does not); null when its own state is
+	// unknown (Error).
+	BatchEntries *bool  `json:"batch_entries"`
+	Error        string `json:"error,omitempty"`
 }
 
 func (st *clusterStatus) member(id string) *clusterMember {
@@ -515,17 +523,30 @@ func (st *clusterStatus) ids() []string {
 // members.
 func writeClusterStatus(w io.Writer, st *clusterStatus) error {
 	if st.LeaderID != "" {
-		fmt.Fprintf(w, "leader %s (API %s), term %d; answered by %s (%s)\n", quoteIfControl(st.LeaderID), orDash(st.LeaderAPI), st.Term, orDash(st.NodeID), st.AnsweredBy)
+		batching := ""
+		if st.Batching != nil {
+			batching = "; batching off (one log entry per command)"
+			if *st.Batching {
+				batching = "; batching on"
+			}
+		}
+		fmt.Fprintf(w, "leader %s (API %s), term %d%s; answered by %s (%s)\n", quoteIfControl(st.LeaderID), orDash(st.LeaderAPI), st.Term, batching, orDash(st.NodeID), st.AnsweredBy)
 	} else {
 		fmt.Fprintf(w, "no leader known (an election may be under way), term %d; answered by %s (%s)\n", st.Term, orDash(st.NodeID), st.AnsweredBy)
 	}
-	rows := [][]string{{"ID", "API", "RAFT", "VOTER", "LEADER", "STATE", "LAST CONTACT", "APPLIED"}}
+	rows := [][]string{{"ID", "API", "RAFT", "VOTER", "LEADER", "STATE", "LAST CONTACT", "APPLIED", "BATCH"}}
 	var problems []string
 	for _, m := range st.Members {
 		if m.Error != "" {
 			problems = append(problems, fmt.Sprintf("  %s: %s", quoteIfControl(m.ID), quoteIfControl(plainCause(errors.New(m.Error)))))
 		}
-		voter, leader, contact, applied := "no", "", "-", "-"
+		voter, leader, contact, applied, batch := "no", "", "-", "-", "-"
+		if m.BatchEntries != nil {
+			batch = "no"
+			if *m.BatchEntries {
+				batch = "yes"
+			}
+		}
 		if m.Voter {
 			voter = "yes"
 		}
@@ -538,7 +559,7 @@ func writeClusterStatus(w io.Writer, st *clusterStatus) error {
 		if m.AppliedIndex != nil {
 			applied = strconv.FormatUint(*m.AppliedIndex, 10)
 		}
-		rows = append(rows, []string{quoteIfControl(m.ID), orDash(quoteIfControl(m.APIAddr)), orDash(quoteIfControl(m.RaftAddr)), voter, leader, orDash(quoteIfControl(m.State)), contact, applied})
+		rows = append(rows, []string{quoteIfControl(m.ID), orDash(quoteIfControl(m.APIAddr)), orDash(quoteIfControl(m.RaftAddr)), voter, leader, orDash(quoteIfControl(m.State)), contact, applied, batch})
 	}
 	if err := writeTable(w, rows); err != nil {
 		return err
@@ -895,6 +916,7 @@ func decodeClusterStatus(data []byte) (*clusterStatus, error) {
 		LeaderID  string            `json:"leader_id"`
 		LeaderAPI string            `json:"leader_api"`
 		Term      flexUint          `json:"term"`
+		Batching  bool              `json:"batching"`
 		Members   []json.RawMessage `json:"members"`
 	}
 	if err := json.Unmarshal(data, &raw); err != nil {
@@ -904,6 +926,9 @@ func decodeClusterStatus(data []byte) (*clusterStatus, error) {
 		return nil, errors.New("no members field")
 	}
 	st := &clusterStatus{NodeID: raw.NodeID, LeaderID: raw.LeaderID, LeaderAPI: raw.LeaderAPI, Term: uint64(raw.Term), Members: []clusterMember{}}
+	if raw.NodeID != "" && raw.NodeID == raw.LeaderID { // only the leader knows
+		st.Batching = &raw.Batching
+	}
 	for _, rm := range raw.Members {
 		var m struct {
 			ID           string          `json:"id"`
@@ -916,6 +941,7 @@ func decodeClusterStatus(data []byte) (*clusterStatus, error) {
 			Error        string          `json:"error"`
 			LastContact  json.RawMessage `json:"last_contact"`
 			AppliedIndex flexUint        `json:"applied_index"`
+			BatchEntries bool            `json:"batch_entries"`
 		}
 		if err := json.Unmarshal(rm, &m); err != nil {
 			return nil, err
@@ -932,6 +958,10 @@ func decodeClusterStatus(data []byte) (*clusterStatus, error) {
 		if m.Term > 0 {
 			v := uint64(m.Term)
 			cm.Term = &v
+		}
+		if m.Error == "" {
+			v := m.BatchEntries
+			cm.BatchEntries = &v
 		}
 		st.Members = append(st.Members, cm)
 	}

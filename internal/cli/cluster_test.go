@@ -177,9 +177,29 @@ func TestCluster_StatusTransferAddRemove(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	st = waitStatus(t, store, func(*clusterStatus) bool { return true })
-	for _, want := range []string{"ID", "API", "RAFT", "VOTER", "LEADER", "LAST CONTACT", "APPLIED", "n1", "n2", "n3", "*", "term "} {
+	for _, want := range []string{"ID", "API", "RAFT", "VOTER", "LEADER", "LAST CONTACT", "APPLIED", "BATCH", "n1", "n2", "n3", "*", "term "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status table lacks %q:\n%s", want, out)
+		}
+	}
+	// Every member decodes batch entries, so once the leader's probe has
+	// their answers it batches, and says so (a follower does not know).
+	if st.NodeID != st.LeaderID && st.Batching != nil {
+		t.Errorf("follower %s answered batching %v, want null (it does not know)", st.NodeID, *st.Batching)
+	}
+	st = waitStatus(t, "dlockd://"+st.LeaderAPI, func(st *clusterStatus) bool { return st.Batching != nil && *st.Batching })
+	for _, m := range st.Members {
+		if m.BatchEntries == nil || !*m.BatchEntries {
+			t.Errorf("member %s: batch_entries %v, want true", m.ID, m.BatchEntries)
+		}
+	}
+	_, out, _ = runCLI(t, "--store", "dlockd://"+st.LeaderAPI, "cluster", "status")
+	if !strings.Contains(out, "; batching on;") {
+		t.Errorf("status from the leader does not say it batches:\n%s", out)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], "n") && f[len(f)-1] != "yes" {
+			t.Errorf("member row %q: BATCH (last column) is not yes:\n%s", line, out)
 		}
 	}
 	leaderIdx = int(st.LeaderID[1] - '1')
