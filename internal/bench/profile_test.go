@@ -10,23 +10,23 @@ import (
 	"time"
 )
 
-// BenchmarkProfileW1 runs one W1 cell (BENCH_PROFILE_CLIENTS clients, default
+// BenchmarkProfileCell runs one W1 cell (BENCH_PROFILE_CLIENTS clients, default
 // 64, each on its own key, for BENCH_DURATION, default 10 s), or with
 // BENCH_PROFILE_WORKLOAD=w2 one W2 cell (the clients queue on one key; a
 // cycle is then a handoff, and the gap p50 is reported too), against the
 // store at BENCH_PROFILE_STORE, so that go test's -cpuprofile records the
 // client side of the cycle (the dlock library and the driver) while the
 // server's own profile is taken from its --pprof endpoint. It does nothing
-// without BENCH_PROFILE_STORE. scripts/profile-w1.sh runs both:
+// without BENCH_PROFILE_STORE. scripts/profile.sh runs both:
 //
 //	BENCH_PROFILE_STORE=dlockd://127.0.0.1:7450 go test -run '^$' \
-//	  -bench ProfileW1 -benchtime 1x -cpuprofile client.prof ./internal/bench
+//	  -bench ProfileCell -benchtime 1x -cpuprofile client.prof ./internal/bench
 //
 // Beside cycles/s it reports what a cycle costs, which moves less than
 // throughput on a shared machine: CPU time (µs) and read/write system
 // calls (/proc/PID/io syscr + syscw) per cycle, of this process (the
 // clients) and, given BENCH_PROFILE_SERVER_PID, of the server.
-func BenchmarkProfileW1(b *testing.B) {
+func BenchmarkProfileCell(b *testing.B) {
 	store := os.Getenv("BENCH_PROFILE_STORE")
 	if store == "" {
 		b.Skip("BENCH_PROFILE_STORE is not set: nothing to profile")

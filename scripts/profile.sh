@@ -4,7 +4,7 @@
 # own key, for PROFILE_SECONDS (default 20). It
 #   1. builds dlockd and starts it on a free loopback port with --pprof and
 #      its data in a temp dir (fsync on);
-#   2. runs internal/bench's BenchmarkProfileW1 with -cpuprofile (the client
+#   2. runs internal/bench's BenchmarkProfileCell with -cpuprofile (the client
 #      side: the dlock library and the dlockd driver), and meanwhile takes
 #      dlockd's own CPU profile from /debug/pprof/profile;
 #   3. prints the top functions of both and the cell's cycles/s, and leaves
@@ -12,7 +12,7 @@
 #   4. stops the dlockd it started, by PID.
 # PROFILE_WORKLOAD=w2 profiles a W2 cell instead: the clients queue on one
 # key, and a cycle is a handoff.
-# Usage: scripts/profile-w1.sh            (or PROFILE_OUT=/tmp/p PROFILE_SECONDS=30 ...)
+# Usage: scripts/profile.sh            (or PROFILE_OUT=/tmp/p PROFILE_SECONDS=30 ...)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,7 +50,7 @@ done
 srv=$!
 BENCH_PROFILE_STORE="dlockd://127.0.0.1:$port" BENCH_PROFILE_SERVER_PID=$pid BENCH_PROFILE_CLIENTS=$clients BENCH_DURATION=${secs}s \
   BENCH_PROFILE_WORKLOAD=${PROFILE_WORKLOAD:-w1} \
-  "$work/bench.test" -test.run '^$' -test.bench ProfileW1 -test.benchtime 1x \
+  "$work/bench.test" -test.run '^$' -test.bench ProfileCell -test.benchtime 1x \
   -test.cpuprofile "$out/client.prof" | tee "$out/bench.txt"
 wait "$srv"
 cp "$work/bench.test" "$out/bench.test"
