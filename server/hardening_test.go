@@ -251,13 +251,13 @@ func TestServer_LockDelay(t *testing.T) {
 	}
 	// The server default applies to requests without lock_delay, and a
 	// force release delays too; a release does not.
+	forced := time.Now() // before the call: the delay starts when it is applied, before the answer
 	if _, err := c.ForceRelease(ctx, &dlockv1.ForceReleaseRequest{Key: "k", Reason: "test"}); err != nil {
 		t.Fatal(err)
 	}
 	if gb.GetFence() == 0 {
 		t.Fatal("no fence")
 	}
-	forced := time.Now()
 	for {
 		_, err := c.Acquire(ctx, &dlockv1.AcquireRequest{Key: "k", Owner: "owner-d-0000", Ttl: durationpb.New(time.Second)})
 		if err == nil {

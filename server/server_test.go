@@ -409,10 +409,10 @@ func TestServer_RestartRestartsCountdowns(t *testing.T) {
 	if err := srv.Stop(); err != nil {
 		t.Fatal(err)
 	}
+	restarted := time.Now() // before Start, which restarts the countdowns
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
-	restarted := time.Now()
 	in, err := c.Inspect(ctx, &dlockv1.InspectRequest{Key: "k"}, grpc.WaitForReady(true))
 	if err != nil || !in.GetHeld() || in.GetInfo().GetFence() != g.GetFence() {
 		t.Fatalf("after restart: %v %v", in, err)

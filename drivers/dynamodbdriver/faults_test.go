@@ -36,6 +36,10 @@ func testFaultUnreachableFailsClosed(t *testing.T, s *store) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Watched from before the fault: the deadline passes while the
+	// TryAcquire below waits out its op timeout.
+	lost := make(chan time.Time, 1)
+	go func() { <-held.Done(); lost <- time.Now() }()
 	p.Hold()
 	began := time.Now()
 	ls, err := l.TryAcquire(t.Context(), "other")
@@ -46,8 +50,7 @@ func testFaultUnreachableFailsClosed(t *testing.T, s *store) {
 		t.Fatalf("TryAcquire took %v with the link blackholed, op timeout %v", took, op)
 	}
 	select {
-	case <-held.Done():
-		lostAt := time.Now()
+	case lostAt := <-lost:
 		if !errors.Is(held.Err(), dlock.ErrLeaseLost) {
 			t.Fatalf("held lease ended with %v, want ErrLeaseLost", held.Err())
 		}

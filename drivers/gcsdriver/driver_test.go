@@ -442,6 +442,10 @@ func TestDriver_BlackholedStoreFailsClosed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Watched from before the fault: the deadline passes while the
+	// TryAcquire below waits out its op timeout.
+	lost := make(chan time.Time, 1)
+	go func() { <-held.Done(); lost <- time.Now() }()
 	p.Hold()
 	defer p.Release()
 	began := time.Now()
@@ -453,8 +457,8 @@ func TestDriver_BlackholedStoreFailsClosed(t *testing.T) {
 		t.Fatalf("TryAcquire took %v with the link blackholed, want about the 1s op timeout", took)
 	}
 	select {
-	case <-held.Done():
-		if late := time.Since(held.Deadline()); late > time.Second {
+	case lostAt := <-lost:
+		if late := lostAt.Sub(held.Deadline()); late > time.Second {
 			t.Fatalf("held lease lost %v after its deadline", late)
 		}
 	case <-time.After(3 * ttl):

@@ -65,18 +65,28 @@ func holderOn(t *testing.T, r *testservers.Redis, key string) string {
 	return v
 }
 
-// awaitLost waits until lease is lost, at most until its validity deadline:
-// a loss reported by the store is prompt, not the deadline's. It checks that
-// the loss came from a renewal that found no majority (a QuorumError
-// matching ErrLeaseLost), not from the deadline.
-func awaitLost(t *testing.T, done <-chan struct{}, err func() error, deadline time.Time, since time.Time) {
+// watchLost returns a channel that receives the time done closes, timed
+// from now on: start it before whatever may delay the check.
+func watchLost(done <-chan struct{}) <-chan time.Time {
+	at := make(chan time.Time, 1)
+	go func() { <-done; at <- time.Now() }()
+	return at
+}
+
+// awaitLost waits until the lease whose loss lost (from watchLost) times
+// is lost, at most until its validity deadline: a loss reported by the
+// store is prompt, not the deadline's. It checks that the loss came from a
+// renewal that found no majority (a QuorumError matching ErrLeaseLost),
+// not from the deadline.
+func awaitLost(t *testing.T, lost <-chan time.Time, err func() error, deadline time.Time, since time.Time) {
 	t.Helper()
+	var at time.Time
 	select {
-	case <-done:
+	case at = <-lost:
 	case <-time.After(time.Until(deadline) - 100*time.Millisecond):
 		t.Fatalf("lease still held %v after its key vanished from a majority (Err = %v); want it lost at the next renewal", time.Since(since), err())
 	}
-	took := time.Since(since)
+	took := at.Sub(since)
 	if !errors.Is(err(), dlock.ErrLeaseLost) {
 		t.Fatalf("Err after Done = %v, want ErrLeaseLost", err())
 	}
@@ -118,6 +128,7 @@ func TestRenew_VanishedKeyDoesNotCountTowardMajority(t *testing.T) {
 			for _, i := range tc.deleted {
 				gone = append(gone, rs[i])
 			}
+			lost := watchLost(la.Done())
 			deleteOn(t, k, gone...)
 			deleted := time.Now()
 			lb, err := b.TryAcquire(ctx, k)
@@ -131,7 +142,7 @@ func TestRenew_VanishedKeyDoesNotCountTowardMajority(t *testing.T) {
 			if err := lb.Release(ctx); err != nil {
 				t.Fatal(err)
 			}
-			awaitLost(t, la.Done(), la.Err, la.Deadline(), deleted)
+			awaitLost(t, lost, la.Err, la.Deadline(), deleted)
 			if err := la.Release(ctx); !errors.Is(err, dlock.ErrLeaseLost) {
 				t.Fatalf("A.Release after the loss = %v, want ErrLeaseLost", err)
 			}
@@ -207,10 +218,11 @@ func TestAcquireAll_MemberVanishedLosesSet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	lost := watchLost(set.Done())
 	deleteOn(t, "set/a", rs[0], rs[2])
 	deleted := time.Now()
 	lead := set.Leases()[0]
-	awaitLost(t, set.Done(), set.Err, lead.Deadline(), deleted)
+	awaitLost(t, lost, set.Err, lead.Deadline(), deleted)
 	if err := set.Release(ctx); !errors.Is(err, dlock.ErrLeaseLost) {
 		t.Fatalf("set.Release = %v, want ErrLeaseLost", err)
 	}
