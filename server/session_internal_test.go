@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -83,4 +84,64 @@ func TestSession_CancelFalseAndBusyID(t *testing.T) {
 	if r := recv(); r.GetId() != 1 || r.GetCode() != 0 {
 		t.Fatalf("reused id: %+v", r)
 	}
+}
+
+// TestCallPool_WorkersGrowWithTheLoadAndRetire: with every worker busy a
+// call starts a worker of its own at once (a slow call delays no other),
+// the workers a busy moment started serve later calls, and they end after
+// callWorkerIdle without one, down to the permanent ones; past
+// maxCallWorkers calls still run, on goroutines that end with them.
+func TestCallPool_WorkersGrowWithTheLoadAndRetire(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		stop := make(chan struct{})
+		defer close(stop)
+		p := newCallPool(2, stop)
+		synctest.Wait()
+		release := make(chan struct{})
+		var running sync.WaitGroup
+		const n = 10
+		running.Add(n)
+		for range n {
+			p.run(func() { running.Done(); <-release })
+		}
+		running.Wait() // all ten run at once: none waited for a worker
+		if got := p.workers.Load(); got != n {
+			t.Fatalf("%d workers with %d calls running, want %d", got, n, n)
+		}
+		close(release)
+		synctest.Wait()
+		// The workers stay a while and take the next calls.
+		var done sync.WaitGroup
+		done.Add(n)
+		for range n {
+			p.run(done.Done)
+		}
+		done.Wait()
+		if got := p.workers.Load(); got != n {
+			t.Fatalf("%d workers right after the burst, want the %d it started still there", got, n)
+		}
+		time.Sleep(callWorkerIdle + time.Millisecond)
+		synctest.Wait()
+		if got := p.workers.Load(); got != 2 {
+			t.Fatalf("%d workers after %v idle, want the 2 permanent ones", got, callWorkerIdle)
+		}
+
+		// Past the cap a call still runs at once, and its goroutine does
+		// not count as a worker.
+		block := make(chan struct{})
+		running.Add(maxCallWorkers + 5)
+		for range maxCallWorkers + 5 {
+			p.run(func() { running.Done(); <-block })
+		}
+		running.Wait()
+		if got := p.workers.Load(); got != maxCallWorkers {
+			t.Fatalf("%d workers at the cap, want %d", got, maxCallWorkers)
+		}
+		close(block)
+		time.Sleep(callWorkerIdle + time.Millisecond)
+		synctest.Wait()
+		if got := p.workers.Load(); got != 2 {
+			t.Fatalf("%d workers after the capped burst went idle, want 2", got)
+		}
+	})
 }
