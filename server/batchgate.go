@@ -51,6 +51,14 @@ type batchProbe struct {
 	all bool
 }
 
+// batchMode returns Config.Batching, "" read as BatchAuto.
+func (s *Server) batchMode() BatchMode {
+	if s.cfg.Batching == "" {
+		return BatchAuto
+	}
+	return s.cfg.Batching
+}
+
 // decodesBatches reports whether this node decodes batch entries, as its
 // status answers say: always, except for a test standing in for a member
 // of a version before batching (Config.legacyNoBatch).
@@ -145,7 +153,7 @@ func (s *Server) probeBatchMembers() {
 		}
 		rec, ok := s.fsm.member(string(srv.ID))
 		if !ok || rec.api == "" {
-			refuse(string(srv.ID), "API address not registered yet") // unknown, so no batching
+			refuse(string(srv.ID), unregisteredWhy) // unknown, so no batching
 			continue
 		}
 		wg.Add(1)
@@ -181,6 +189,12 @@ func (s *Server) logBatchVerdict(refused []string) {
 	if verdict == s.batchLogged {
 		return
 	}
+	if s.batchLogged == "" && len(refused) > 0 && allUnregistered(refused) {
+		// A new cluster's first probes, before its members have
+		// registered: not worth a warning; the verdict that follows
+		// is logged.
+		return
+	}
 	if s.batchLogged == "" && len(refused) == 0 {
 		s.log.Info("dlockd: batching on: every member decodes batch entries")
 	} else if len(refused) == 0 {
@@ -189,6 +203,20 @@ func (s *Server) logBatchVerdict(refused []string) {
 		s.log.Warn("dlockd: batching off: one log entry per command until every member answers that it decodes batch entries", "members", strings.Join(refused, "; "))
 	}
 	s.batchLogged = verdict
+}
+
+// unregisteredWhy is why a member not registered yet keeps batching off.
+const unregisteredWhy = "API address not registered yet"
+
+// allUnregistered reports whether every refusal is of a member not
+// registered yet.
+func allUnregistered(refused []string) bool {
+	for _, r := range refused {
+		if !strings.HasSuffix(r, ": "+unregisteredWhy) {
+			return false
+		}
+	}
+	return true
 }
 
 // memberDecodesBatches asks the member id at its API address api for its

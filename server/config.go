@@ -798,7 +798,6 @@ func (f peersFlag) Set(s string) error {
 	return nil
 }
 
-// rewriteFlag is the pflag.Value of --test-raft-dial-rewrite.
 // BatchMode is Config.Batching: when the leader writes batch entries.
 type BatchMode string
 
@@ -819,7 +818,7 @@ func (m BatchMode) check() error {
 	case "", BatchAuto, BatchAlways, BatchNever:
 		return nil
 	}
-	return fmt.Errorf("%q is not a batch mode (auto, on or off)", string(m))
+	return fmt.Errorf("%q is not a batch mode (auto, on or off, lower case)", string(m))
 }
 
 type batchModeFlag struct{ m *BatchMode }
@@ -833,16 +832,17 @@ func (f batchModeFlag) String() string {
 func (f batchModeFlag) Type() string { return "auto|on|off" }
 func (f batchModeFlag) Set(s string) error {
 	m := BatchMode(strings.ToLower(strings.TrimSpace(s)))
-	if m == "" {
-		return BatchMode(s).check()
+	if m == "" { // "" means auto in a Config, but an empty flag is a mistake
+		return fmt.Errorf("%q is not a batch mode (auto, on or off)", s)
 	}
 	if err := m.check(); err != nil {
-		return err
+		return fmt.Errorf("%q is not a batch mode (auto, on or off)", s)
 	}
 	*f.m = m
 	return nil
 }
 
+// rewriteFlag is the pflag.Value of --test-raft-dial-rewrite.
 type rewriteFlag struct{ m *map[string]string }
 
 func (f rewriteFlag) String() string {

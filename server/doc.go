@@ -398,7 +398,9 @@
 // them (the member would replay or receive entries it skips). A downgrade
 // below this version therefore takes three steps, and anything short of
 // them is not supported: restart every member with --batching off (the
-// leader then writes one entry per command); wait until every member has
+// leader then writes one entry per command; each member's /metrics says
+// dlockd_raft_batching_mode{mode="off"}, and a leader's
+// dlockd_raft_batching 0); wait until every member has
 // taken a snapshot past the last batch entry (a restart replays only what
 // follows its snapshot) and past the last fence issued (a batch's fences
 // run ahead of the log index, and an earlier version may not carry on

@@ -233,6 +233,9 @@ func TestClusterMetrics_InProcess(t *testing.T) {
 	if v, ok := gaugeBy(scrapeHTTP(f), "dlockd_raft_batching", "")[""]; !ok || v != 0 {
 		t.Errorf("follower %s: dlockd_raft_batching %v (present %v), want 0", nodes[f].cfg.NodeID, v, ok)
 	}
+	if modes := gaugeBy(scrapeHTTP(f), "dlockd_raft_batching_mode", "mode"); len(modes) != 1 || modes["auto"] != 1 {
+		t.Errorf("follower %s: dlockd_raft_batching_mode %v, want mode=auto 1 (the default)", nodes[f].cfg.NodeID, modes)
+	}
 	stopped := nodes[f].cfg.NodeID
 	nodes[f].stop(t)
 	waitUntil(t, "the stopped member's contact from the leader's heartbeats", func() bool {

@@ -136,8 +136,13 @@ func newMetrics(s *Server) *metrics {
 			return float64(s.raft.CurrentTerm())
 		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "dlockd_raft_batching_mode",
+			Help:        "Always 1; the label is this node's --batching (auto, on or off), which takes effect while it leads: a downgrade starts once every member reports off.",
+			ConstLabels: prometheus.Labels{"mode": string(s.batchMode())},
+		}, func() float64 { return 1 }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "dlockd_raft_batching",
-			Help: "1 when this node is the leader and writes several commands per log entry (see --batching); 0 on a leader whose batch gate is shut (the log names the members that keep it so) and on every other node.",
+			Help: "1 when this node is the leader and writes several commands per log entry (see --batching); 0 on every other node, and on a leader with --batching off or whose batch gate is shut (with --batching auto, its log names the members that keep it so).",
 		}, func() float64 {
 			if s.raftUp.Load() && s.isLeader() && s.batchEntries() {
 				return 1

@@ -356,7 +356,8 @@ func (s *Server) Start() (err error) {
 	}
 
 	s.log.Info("dlockd listening", "listen", s.ln.Addr().String(), "data", s.cfg.DataDir,
-		"raft", string(s.transport.LocalAddr()), "node", s.cfg.NodeID, "url", "dlockd://"+s.ln.Addr().String())
+		"raft", string(s.transport.LocalAddr()), "node", s.cfg.NodeID, "url", "dlockd://"+s.ln.Addr().String(),
+		"batching", string(s.batchMode()))
 	return nil
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -113,6 +114,7 @@ func TestRun_ConfigFileErrorsExit2(t *testing.T) {
 		{"mapping for a scalar", "data: {a: b}\n", []string{`key "data" takes one value`, "not a mapping"}},
 		{"yes for a bool", "insecure-listen: yes\n", []string{`key "insecure-listen"`, `bad value "yes"`, "want true or false"}},
 		{"bad batch mode", "batching: sometimes\n", []string{`key "batching"`, `bad value "sometimes"`, "auto, on or off"}},
+		{"empty batch mode", "batching: \"\"\n", []string{`key "batching"`, "not a batch mode"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -147,5 +149,30 @@ func TestRun_ConfigFileErrorsExit2(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	if code := run([]string{"--config", writeConfig(t, "max-ttl: 1ms\n")}, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "1ms") {
 		t.Errorf("max-ttl 1ms from the file: exit %d, stderr %q", code, stderr.String())
+	}
+}
+
+// TestBatchingFlag: --batching takes auto, on or off in any case, and
+// refuses anything else, the empty value included (it would otherwise
+// count as set and override the config file's key with nothing).
+func TestBatchingFlag(t *testing.T) {
+	for _, c := range []struct {
+		arg  string
+		want server.BatchMode // "" for refused
+	}{
+		{"off", server.BatchNever}, {"ON", server.BatchAlways}, {" Auto ", server.BatchAuto},
+		{"", ""}, {" ", ""}, {"sometimes", ""}, {"false", ""},
+	} {
+		cfg := server.DefaultConfig()
+		fs := pflag.NewFlagSet("dlockd", pflag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		cfg.RegisterFlags(fs)
+		err := fs.Parse([]string{"--batching", c.arg})
+		switch {
+		case c.want == "" && (err == nil || !strings.Contains(err.Error(), "not a batch mode (auto, on or off)")):
+			t.Errorf("--batching %q: %v, want refused naming the modes", c.arg, err)
+		case c.want != "" && (err != nil || cfg.Batching != c.want):
+			t.Errorf("--batching %q: %v, mode %q; want %q", c.arg, err, cfg.Batching, c.want)
+		}
 	}
 }

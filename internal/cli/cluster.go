@@ -96,15 +96,22 @@ func (cc *clusterCmd) statusCmd() *cobra.Command {
 		Long: `Status shows every member of the cluster: its node ID, its API address
 (what clients dial), its Raft address, whether it is a voter, a * on the
 leader, how long ago the leader last heard from it and the last log index
-it applied as the leader knows it ("-" where unknown), with the leader and
-its term.
+it applied as the leader knows it ("-" where unknown), and whether it
+reads log entries of several commands (READS BATCHES: a dlockd before
+batching does not), with the leader, its term and whether the leader
+writes such entries now ("batching on", or "off": dlockd --batching off,
+or a member that does not read them or did not answer; the leader's log
+names it). A follower that answers does not know the last: the leader is
+asked for it.
 
 With -o json: {"node_id" (the member that answered), "leader_id",
-"leader_api", "term", "answered_by" (the address asked), "members": [{"id",
-"api_addr", "raft_addr", "voter", "leader", "state" (Leader, Follower,
-Candidate), "term", "last_contact_seconds", "applied_index", "error" (why
-the member's own state is unknown)}]}; term, last_contact_seconds and
-applied_index are null when unknown.
+"leader_api", "term", "answered_by" (the address asked), "batching" (the
+leader writes batch entries), "members": [{"id", "api_addr", "raft_addr",
+"voter", "leader", "state" (Leader, Follower, Candidate), "term",
+"last_contact_seconds", "applied_index", "batch_entries" (reads batch
+entries), "error" (why the member's own state is unknown)}]}; term,
+last_contact_seconds, applied_index, batching and batch_entries are null
+when unknown.
 
 Exit status: 0 when the status shows a leader; 69 when no member could be
 reached, or when the member that answered knows no leader (no quorum, or
@@ -231,7 +238,9 @@ func (cc *clusterCmd) transferCmd() *cobra.Command {
 		Long: `Transfer-leader asks the leader to hand its leadership to the voter ID,
 or to the most up-to-date other voter when no ID is given, and waits
 (up to --timeout) until the new leader is elected. Leases survive the
-change: the new leader restarts their countdowns.`,
+change: the new leader restarts their countdowns. When another voter wins
+instead (the one named could not win its election), it exits 1 naming the
+leader there is.`,
 		Example: `  dlock cluster transfer-leader
   dlock cluster transfer-leader n3`,
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -263,15 +272,27 @@ change: the new leader restarts their countdowns.`,
 			if _, err := c.call(ctx, http.MethodPost, clusterTransferPath, map[string]string{"id": id}, false); err != nil {
 				return err
 			}
-			st, err := c.waitStatus(ctx, cc.timeout, func(st *clusterStatus) bool {
-				return st.LeaderID != "" && st.LeaderID != before.LeaderID && (id == "" || st.LeaderID == id)
-			})
+			st, err := c.waitStatus(ctx, cc.timeout, func(st *clusterStatus) bool { return newLeader(before, st) })
 			if err != nil {
 				return exit(1, "transfer-leader: dlockd accepted the transfer but no new leader showed within %v (%v); check dlock cluster status", cc.timeout, err)
+			}
+			if id != "" && st.LeaderID != id {
+				// The target's election failed (it could not reach a
+				// voter, say) and another voter won the next one.
+				if cc.g.json() {
+					cc.g.printJSON(st)
+				}
+				return exit(1, "transfer-leader: the leadership moved from %s to %s, not to %s: %s's election did not win and %s won the next (term %d); run it again, or check that %s reaches the other voters", before.LeaderID, st.LeaderID, id, id, st.LeaderID, st.Term, id)
 			}
 			return cc.reportLeader(st, fmt.Sprintf("leadership moved from %s to %s", before.LeaderID, st.LeaderID))
 		},
 	}
+}
+
+// newLeader reports whether st shows a leader other than before's, in a
+// later term: the outcome of a transfer, whichever voter won.
+func newLeader(before, st *clusterStatus) bool {
+	return st.LeaderID != "" && st.LeaderID != before.LeaderID && st.Term > before.Term
 }
 
 // reportChange waits until the status shows the change (done), then prints
@@ -478,8 +499,8 @@ type clusterStatus struct {
 	Term       uint64 `json:"term"`
 	AnsweredBy string `json:"answered_by"`
 	// Batching: the leader writes several commands per log entry (its
-	// batch gate, dlockd --batching); null when a follower answered,
-	// which does not know.
+	// batch gate, dlockd --batching), as the leader answered (asked
+	// again when a follower answered); null when it could not be asked.
 	Batching *bool           `json:"batching"`
 	Members  []clusterMember `json:"members"`
 }
@@ -495,9 +516,9 @@ type clusterMember struct {
 	Term               *uint64  `json:"term"`
 	LastContactSeconds *float64 `json:"last_contact_seconds"`
 	AppliedIndex       *uint64  `json:"applied_index"`
-	// BatchEntries: the member decodes log entries of several commands
-	// (a version before batching does not); null when its own state is
-	// unknown (Error).
+	// BatchEntries: the member reads log entries of several commands
+	// (a version before batching does not), whether or not the leader
+	// writes them; null when its own state is unknown (Error).
 	BatchEntries *bool  `json:"batch_entries"`
 	Error        string `json:"error,omitempty"`
 }
@@ -534,7 +555,7 @@ func writeClusterStatus(w io.Writer, st *clusterStatus) error {
 	} else {
 		fmt.Fprintf(w, "no leader known (an election may be under way), term %d; answered by %s (%s)\n", st.Term, orDash(st.NodeID), st.AnsweredBy)
 	}
-	rows := [][]string{{"ID", "API", "RAFT", "VOTER", "LEADER", "STATE", "LAST CONTACT", "APPLIED", "BATCH"}}
+	rows := [][]string{{"ID", "API", "RAFT", "VOTER", "LEADER", "STATE", "LAST CONTACT", "APPLIED", "READS BATCHES"}}
 	var problems []string
 	for _, m := range st.Members {
 		if m.Error != "" {
@@ -650,6 +671,17 @@ func (c *clusterClient) status(ctx context.Context) (*clusterStatus, error) {
 		return nil, exit(1, "cluster status: %s answered something that is not a cluster status: %v", body.addr, derr)
 	}
 	st.AnsweredBy = body.addr
+	if st.Batching == nil && st.LeaderAPI != "" && st.LeaderID != "" {
+		// Only the leader knows whether it batches: ask it for its own
+		// entry, once, without retries (the status stands without it).
+		lc := *c
+		lc.members, lc.retryFor = []string{st.LeaderAPI}, 0
+		if lb, err := lc.call(ctx, http.MethodGet, clusterStatusPath+"?local=true", nil, true); err == nil {
+			if ls, err := decodeClusterStatus(lb.data); err == nil && ls.NodeID == st.LeaderID && ls.Batching != nil {
+				st.Batching = ls.Batching
+			}
+		}
+	}
 	return st, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -177,17 +178,25 @@ func TestCluster_StatusTransferAddRemove(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	st = waitStatus(t, store, func(*clusterStatus) bool { return true })
-	for _, want := range []string{"ID", "API", "RAFT", "VOTER", "LEADER", "LAST CONTACT", "APPLIED", "BATCH", "n1", "n2", "n3", "*", "term "} {
+	for _, want := range []string{"ID", "API", "RAFT", "VOTER", "LEADER", "LAST CONTACT", "APPLIED", "READS BATCHES", "n1", "n2", "n3", "*", "term "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status table lacks %q:\n%s", want, out)
 		}
 	}
 	// Every member decodes batch entries, so once the leader's probe has
-	// their answers it batches, and says so (a follower does not know).
-	if st.NodeID != st.LeaderID && st.Batching != nil {
-		t.Errorf("follower %s answered batching %v, want null (it does not know)", st.NodeID, *st.Batching)
+	// their answers it batches, and says so: asked of a follower too (the
+	// CLI then asks the leader for it).
+	var follower0 int
+	for i := range nodes {
+		if fmt.Sprintf("n%d", i+1) != st.LeaderID {
+			follower0 = i
+			break
+		}
 	}
-	st = waitStatus(t, "dlockd://"+st.LeaderAPI, func(st *clusterStatus) bool { return st.Batching != nil && *st.Batching })
+	st = waitStatus(t, "dlockd://"+nodes[follower0].cfg.Listen, func(st *clusterStatus) bool { return st.Batching != nil && *st.Batching })
+	if st.NodeID == st.LeaderID {
+		t.Fatalf("the status came from the leader %s, want a follower's", st.NodeID)
+	}
 	for _, m := range st.Members {
 		if m.BatchEntries == nil || !*m.BatchEntries {
 			t.Errorf("member %s: batch_entries %v, want true", m.ID, m.BatchEntries)
@@ -199,7 +208,7 @@ func TestCluster_StatusTransferAddRemove(t *testing.T) {
 	}
 	for _, line := range strings.Split(out, "\n") {
 		if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], "n") && f[len(f)-1] != "yes" {
-			t.Errorf("member row %q: BATCH (last column) is not yes:\n%s", line, out)
+			t.Errorf("member row %q: READS BATCHES (last column) is not yes:\n%s", line, out)
 		}
 	}
 	leaderIdx = int(st.LeaderID[1] - '1')
@@ -440,4 +449,31 @@ func TestCluster_TransferRefusedByTheLeader(t *testing.T) {
 		t.Fatalf("transfer-leader on a single voter: exit %d after %v: %s; want exit 1 at once", code, took.Round(time.Millisecond), errOut)
 	}
 	t.Logf("single voter: %s", strings.TrimSpace(errOut))
+}
+
+// TestCluster_TransferWonByAnotherVoter: a transfer to n3 whose election
+// failed, so that n2 won the next one, exits 1 at once naming both, not
+// "no new leader" after the timeout.
+func TestCluster_TransferWonByAnotherVoter(t *testing.T) {
+	var addr string
+	var transferred atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == clusterStatusPath {
+			leader, term := "n1", 2
+			if transferred.Load() {
+				leader, term = "n2", 4
+			}
+			_, _ = fmt.Fprintf(w, `{"members":[{"id":"n1","api_addr":"%[1]s","raft_addr":"R1","voter":true},{"id":"n2","api_addr":"%[1]s","raft_addr":"R2","voter":true},{"id":"n3","api_addr":"%[1]s","raft_addr":"R3","voter":true}],"leader_id":"%[2]s","leader_api":"%[1]s","term":"%[3]d","node_id":"%[2]s"}`, addr, leader, term)
+			return
+		}
+		transferred.Store(true)
+		_, _ = w.Write([]byte(`{}`))
+	}))
+	defer srv.Close()
+	addr = strings.TrimPrefix(srv.URL, "http://")
+	start := time.Now()
+	code, _, errOut := runCLI(t, "--store", "dlockd://"+addr, "cluster", "transfer-leader", "n3", "--timeout", "10s")
+	if took := time.Since(start); code != 1 || !strings.Contains(errOut, "moved from n1 to n2, not to n3") || took > 3*time.Second {
+		t.Fatalf("transfer won by another voter: exit %d after %v: %s; want exit 1 at once naming n2 and n3", code, took.Round(time.Millisecond), errOut)
+	}
 }
