@@ -483,7 +483,11 @@
 // other's) when --peer-cert, --peer-key and --peer-ca are given, which is
 // required when RaftBind is not a loopback address. Without it anyone who
 // can reach the Raft port can send an AppendEntries with a huge term and
-// depose the leader or rewrite a follower's log.
+// depose the leader or rewrite a follower's log. The transport pools
+// connections to each peer; a vote request (or a transfer's TimeoutNow)
+// that meets one a peer's restart left dead is sent again on a new one
+// (voteTransport), so that a candidate does not lose an election to its
+// own stale connections.
 //
 // # Cluster
 //

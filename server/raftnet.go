@@ -11,6 +11,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -511,3 +512,53 @@ func readProbeMsg(r io.Reader, v any) error {
 }
 
 var _ raft.StreamLayer = (*streamLayer)(nil)
+
+// voteTransport is the Raft transport with one change: a vote request
+// (RequestVote, RequestPreVote) or a leadership transfer's TimeoutNow that
+// fails as a dead connection does (EOF, reset, broken pipe) is sent again,
+// up to staleConnRetries more times. hashicorp/raft's NetworkTransport
+// keeps up to MaxPool connections per peer and reuses them; a peer that
+// restarted since leaves them dead, and each RPC that takes one fails on
+// it and drops it. Replication retries by itself, but a candidate sends
+// one vote request per peer per election: with both peers restarted since
+// it last spoke to them, it lost every vote to dead connections and
+// another voter won the next election (a leadership transfer to it landed
+// elsewhere, seen in a break test). A vote request is safe to repeat: a
+// voter grants the same candidate again in the same term, and a dead
+// connection delivered nothing.
+type voteTransport struct{ *raft.NetworkTransport }
+
+// staleConnRetries is how many more times a vote request is sent after a
+// dead connection: one per connection the pool may hold (MaxPool).
+const staleConnRetries = 3
+
+// RequestVote implements raft.Transport (see voteTransport).
+func (t voteTransport) RequestVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestVoteRequest, resp *raft.RequestVoteResponse) error {
+	return retryDeadConn(func() error { return t.NetworkTransport.RequestVote(id, target, args, resp) })
+}
+
+// RequestPreVote implements raft.WithPreVote (see voteTransport).
+func (t voteTransport) RequestPreVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestPreVoteRequest, resp *raft.RequestPreVoteResponse) error {
+	return retryDeadConn(func() error { return t.NetworkTransport.RequestPreVote(id, target, args, resp) })
+}
+
+// TimeoutNow implements raft.Transport (see voteTransport).
+func (t voteTransport) TimeoutNow(id raft.ServerID, target raft.ServerAddress, args *raft.TimeoutNowRequest, resp *raft.TimeoutNowResponse) error {
+	return retryDeadConn(func() error { return t.NetworkTransport.TimeoutNow(id, target, args, resp) })
+}
+
+// retryDeadConn runs rpc, again while it fails as a dead connection does.
+func retryDeadConn(rpc func() error) error {
+	err := rpc()
+	for i := 0; i < staleConnRetries && deadConn(err); i++ {
+		err = rpc()
+	}
+	return err
+}
+
+// deadConn reports whether err is what an RPC on a connection whose peer
+// is gone returns.
+func deadConn(err error) bool {
+	return err != nil && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed))
+}

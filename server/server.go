@@ -299,7 +299,7 @@ func (s *Server) Start() (err error) {
 		// which they are applied again say nothing of their age (ui.go).
 		s.clock.replayTo, s.waitTimes.replayTo = last, last
 	}
-	s.raft, err = raft.NewRaft(rc, s.fsm, logs, s.store, snaps, s.transport)
+	s.raft, err = raft.NewRaft(rc, s.fsm, logs, s.store, snaps, voteTransport{s.transport})
 	if err != nil {
 		return fmt.Errorf("dlockd: start raft: %w", err)
 	}
