@@ -484,12 +484,15 @@ func TestServer_ProposalsAreBatched(t *testing.T) {
 }
 
 // TestServer_BatchingOffWritesOneEntryPerCommand: with Batching off
-// (the first step of a downgrade) even a single server writes one entry
-// per command, and still gives every caller its own result.
+// (the first step of a downgrade; in any case) even a single server writes
+// one entry per command, and still gives every caller its own result.
 func TestServer_BatchingOffWritesOneEntryPerCommand(t *testing.T) {
 	cfg := testConfig(t)
-	cfg.Batching = BatchNever
+	cfg.Batching = " OFF" // any case, as the flag takes it
 	s := startTestServer(t, cfg)
+	if s.batchMode() != BatchNever {
+		t.Fatalf("mode %q, want %q", s.batchMode(), BatchNever)
+	}
 	s.proposer.mu.Lock()
 	e0, c0 := s.proposer.entries, s.proposer.commands
 	s.proposer.mu.Unlock()

@@ -51,13 +51,9 @@ type batchProbe struct {
 	all bool
 }
 
-// batchMode returns Config.Batching, "" read as BatchAuto.
-func (s *Server) batchMode() BatchMode {
-	if s.cfg.Batching == "" {
-		return BatchAuto
-	}
-	return s.cfg.Batching
-}
+// batchMode returns Config.Batching (New stores it normal: lower case,
+// "" as BatchAuto).
+func (s *Server) batchMode() BatchMode { return s.cfg.Batching.normal() }
 
 // decodesBatches reports whether this node decodes batch entries, as its
 // status answers say: always, except for a test standing in for a member
@@ -70,7 +66,7 @@ func (s *Server) decodesBatches() bool { return !s.cfg.legacyNoBatch }
 // the latest probe found that every other member decodes batch entries
 // (see the batch gate above).
 func (s *Server) batchEntries() bool {
-	switch s.cfg.Batching {
+	switch s.batchMode() {
 	case BatchNever:
 		return false
 	case BatchAlways:
@@ -174,7 +170,7 @@ func (s *Server) probeBatchMembers() {
 // (one line per change of that list, not per probe). With Config.Batching
 // on or off the probe decides nothing, and nothing is logged.
 func (s *Server) logBatchVerdict(refused []string) {
-	if s.cfg.Batching == BatchAlways || s.cfg.Batching == BatchNever {
+	if m := s.batchMode(); m == BatchAlways || m == BatchNever {
 		return
 	}
 	slices.Sort(refused)

@@ -812,13 +812,24 @@ const (
 	BatchNever BatchMode = "off"
 )
 
-// check returns an error naming the modes when m is none of them.
+// check returns an error naming the modes when m is none of them (in any
+// case, spaces around it ignored).
 func (m BatchMode) check() error {
-	switch m {
-	case "", BatchAuto, BatchAlways, BatchNever:
+	switch m.normal() {
+	case BatchAuto, BatchAlways, BatchNever:
 		return nil
 	}
-	return fmt.Errorf("%q is not a batch mode (auto, on or off, lower case)", string(m))
+	return fmt.Errorf("%q is not a batch mode (auto, on or off)", string(m))
+}
+
+// normal returns m in lower case without surrounding spaces, "" as
+// BatchAuto.
+func (m BatchMode) normal() BatchMode {
+	n := BatchMode(strings.ToLower(strings.TrimSpace(string(m))))
+	if n == "" {
+		return BatchAuto
+	}
+	return n
 }
 
 type batchModeFlag struct{ m *BatchMode }
@@ -831,14 +842,14 @@ func (f batchModeFlag) String() string {
 }
 func (f batchModeFlag) Type() string { return "auto|on|off" }
 func (f batchModeFlag) Set(s string) error {
-	m := BatchMode(strings.ToLower(strings.TrimSpace(s)))
-	if m == "" { // "" means auto in a Config, but an empty flag is a mistake
+	if strings.TrimSpace(s) == "" { // "" means auto in a Config, but an empty flag is a mistake
 		return fmt.Errorf("%q is not a batch mode (auto, on or off)", s)
 	}
+	m := BatchMode(s)
 	if err := m.check(); err != nil {
-		return fmt.Errorf("%q is not a batch mode (auto, on or off)", s)
+		return err
 	}
-	*f.m = m
+	*f.m = m.normal()
 	return nil
 }
 

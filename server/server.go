@@ -111,6 +111,7 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg.Batching = cfg.Batching.normal()
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
