@@ -493,13 +493,7 @@ func TestServer_BatchingOffWritesOneEntryPerCommand(t *testing.T) {
 	if s.batchMode() != BatchNever {
 		t.Fatalf("mode %q, want %q", s.batchMode(), BatchNever)
 	}
-	s.proposer.mu.Lock()
-	e0, c0 := s.proposer.entries, s.proposer.commands
-	s.proposer.mu.Unlock()
-	burstOn(t, s, 200)
-	s.proposer.mu.Lock()
-	entries, commands := s.proposer.entries-e0, s.proposer.commands-c0
-	s.proposer.mu.Unlock()
+	entries, commands := entriesOf(s, func() { burstOn(t, s, 200) })
 	if commands < 200 || entries != commands {
 		t.Fatalf("%d commands in %d entries with Batching off, want one entry each", commands, entries)
 	}
@@ -578,6 +572,18 @@ func TestServer_FencesAfterRestartWithBatches(t *testing.T) {
 	if err != nil || out.fence <= top {
 		t.Fatalf("fence %d after restart (%v), not above %d", out.fence, err, top)
 	}
+}
+
+// entriesOf runs run and returns the log entries s's proposer wrote
+// meanwhile and the commands they held.
+func entriesOf(s *Server, run func()) (entries, commands uint64) {
+	s.proposer.mu.Lock()
+	e0, c0 := s.proposer.entries, s.proposer.commands
+	s.proposer.mu.Unlock()
+	run()
+	s.proposer.mu.Lock()
+	defer s.proposer.mu.Unlock()
+	return s.proposer.entries - e0, s.proposer.commands - c0
 }
 
 // burstOn runs n concurrent acquisitions with wait on 10 keys, each
@@ -709,13 +715,7 @@ func TestCluster_BatchEntriesGated(t *testing.T) {
 					t.Errorf("Status: member %s batch_entries = %v, want %v (%+v)", m.GetId(), m.GetBatchEntries(), want, m)
 				}
 			}
-			s.proposer.mu.Lock()
-			entries0, commands0 := s.proposer.entries, s.proposer.commands
-			s.proposer.mu.Unlock()
-			burstOn(t, s, 200)
-			s.proposer.mu.Lock()
-			entries, commands := s.proposer.entries-entries0, s.proposer.commands-commands0
-			s.proposer.mu.Unlock()
+			entries, commands := entriesOf(s, func() { burstOn(t, s, 200) })
 			if !tc.batch && entries != commands {
 				t.Fatalf("%d commands in %d entries: batched with a member that cannot decode batch entries", commands, entries)
 			}

@@ -51,9 +51,9 @@ type batchProbe struct {
 	all bool
 }
 
-// batchMode returns Config.Batching (New stores it normal: lower case,
-// "" as BatchAuto).
-func (s *Server) batchMode() BatchMode { return s.cfg.Batching.normal() }
+// batchMode returns Config.Batching, which New stores normal (lower case,
+// "" as BatchAuto), so that the proposer's check per round is a compare.
+func (s *Server) batchMode() BatchMode { return s.cfg.Batching }
 
 // decodesBatches reports whether this node decodes batch entries, as its
 // status answers say: always, except for a test standing in for a member
@@ -135,12 +135,12 @@ func (s *Server) probeBatchMembers() {
 	}()
 	var (
 		mu      sync.Mutex
-		refused []string // "id: why" of each member that did not answer with batch_entries
+		refused []batchRefusal // each member that did not answer with batch_entries
 		wg      sync.WaitGroup
 	)
 	refuse := func(id, why string) {
 		mu.Lock()
-		refused = append(refused, id+": "+why)
+		refused = append(refused, batchRefusal{id, why})
 		mu.Unlock()
 	}
 	for _, srv := range conf.Servers {
@@ -165,54 +165,47 @@ func (s *Server) probeBatchMembers() {
 	s.logBatchVerdict(refused)
 }
 
-// logBatchVerdict logs the leader's batch verdict when it changes:
-// "batching on", or "batching off" with the members that kept it off
-// (one line per change of that list, not per probe). With Config.Batching
-// on or off the probe decides nothing, and nothing is logged.
-func (s *Server) logBatchVerdict(refused []string) {
-	if m := s.batchMode(); m == BatchAlways || m == BatchNever {
-		return
-	}
-	slices.Sort(refused)
-	verdict := "on"
-	if len(refused) > 0 {
-		ids := make([]string, len(refused))
-		for i, r := range refused {
-			ids[i], _, _ = strings.Cut(r, ": ")
-		}
-		verdict = "off: " + strings.Join(ids, ",") // the members, not their errors' text, which may change every round
-	}
-	if verdict == s.batchLogged {
-		return
-	}
-	if s.batchLogged == "" && len(refused) > 0 && allUnregistered(refused) {
-		// A new cluster's first probes, before its members have
-		// registered: not worth a warning; the verdict that follows
-		// is logged.
-		return
-	}
-	if s.batchLogged == "" && len(refused) == 0 {
-		s.log.Info("dlockd: batching on: every member decodes batch entries")
-	} else if len(refused) == 0 {
-		s.log.Info("dlockd: batching on again: every member decodes batch entries")
-	} else {
-		s.log.Warn("dlockd: batching off: one log entry per command until every member answers that it decodes batch entries", "members", strings.Join(refused, "; "))
-	}
-	s.batchLogged = verdict
-}
+// batchRefusal is a member that kept a probe from finding every member
+// decoding batch entries, and why.
+type batchRefusal struct{ id, why string }
 
 // unregisteredWhy is why a member not registered yet keeps batching off.
 const unregisteredWhy = "API address not registered yet"
 
-// allUnregistered reports whether every refusal is of a member not
-// registered yet.
-func allUnregistered(refused []string) bool {
-	for _, r := range refused {
-		if !strings.HasSuffix(r, ": "+unregisteredWhy) {
-			return false
-		}
+// logBatchVerdict logs the leader's batch verdict when it changes:
+// "batching on", or "batching off" with the members that kept it off
+// (one line per change of that list, not per probe: their errors' text may
+// change every round). A new cluster's first probes, before its members
+// have registered, log nothing. With Config.Batching on or off the probe
+// decides nothing, and nothing is logged.
+func (s *Server) logBatchVerdict(refused []batchRefusal) {
+	if m := s.batchMode(); m == BatchAlways || m == BatchNever {
+		return
 	}
-	return true
+	slices.SortFunc(refused, func(a, b batchRefusal) int { return strings.Compare(a.id, b.id) })
+	verdict, onlyUnregistered := "on", true
+	var members []string
+	for i, r := range refused {
+		if i == 0 {
+			verdict = "off:"
+		}
+		verdict += " " + r.id
+		members = append(members, r.id+": "+r.why)
+		onlyUnregistered = onlyUnregistered && r.why == unregisteredWhy
+	}
+	switch {
+	case verdict == s.batchLogged:
+		return
+	case s.batchLogged == "" && len(refused) > 0 && onlyUnregistered:
+		return
+	case len(refused) > 0:
+		s.log.Warn("dlockd: batching off: one log entry per command until every member answers that it decodes batch entries", "members", strings.Join(members, "; "))
+	case s.batchLogged == "":
+		s.log.Info("dlockd: batching on: every member decodes batch entries")
+	default:
+		s.log.Info("dlockd: batching on again: every member decodes batch entries")
+	}
+	s.batchLogged = verdict
 }
 
 // memberDecodesBatches asks the member id at its API address api for its

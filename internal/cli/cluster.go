@@ -128,6 +128,7 @@ the status object, leader_id empty).`,
 			if err != nil {
 				return err
 			}
+			c.askLeaderBatching(cmd.Context(), st)
 			if cc.g.json() {
 				cc.g.printJSON(st)
 			} else if err := writeClusterStatus(cc.g.stdout, st); err != nil {
@@ -671,18 +672,24 @@ func (c *clusterClient) status(ctx context.Context) (*clusterStatus, error) {
 		return nil, exit(1, "cluster status: %s answered something that is not a cluster status: %v", body.addr, derr)
 	}
 	st.AnsweredBy = body.addr
-	if st.Batching == nil && st.LeaderAPI != "" && st.LeaderID != "" {
-		// Only the leader knows whether it batches: ask it for its own
-		// entry, once, without retries (the status stands without it).
-		lc := *c
-		lc.members, lc.retryFor = []string{st.LeaderAPI}, 0
-		if lb, err := lc.call(ctx, http.MethodGet, clusterStatusPath+"?local=true", nil, true); err == nil {
-			if ls, err := decodeClusterStatus(lb.data); err == nil && ls.NodeID == st.LeaderID && ls.Batching != nil {
-				st.Batching = ls.Batching
-			}
+	return st, nil
+}
+
+// askLeaderBatching fills st.Batching, which only the leader knows, when a
+// follower answered: it asks the leader for its own entry, once, without
+// retries (the status stands without it). Only dlock cluster status needs
+// it, not the commands that poll the status for a change.
+func (c *clusterClient) askLeaderBatching(ctx context.Context, st *clusterStatus) {
+	if st.Batching != nil || st.LeaderAPI == "" || st.LeaderID == "" {
+		return
+	}
+	lc := *c
+	lc.members, lc.retryFor = []string{st.LeaderAPI}, 0
+	if lb, err := lc.call(ctx, http.MethodGet, clusterStatusPath+"?local=true", nil, true); err == nil {
+		if ls, err := decodeClusterStatus(lb.data); err == nil && ls.NodeID == st.LeaderID {
+			st.Batching = ls.Batching
 		}
 	}
-	return st, nil
 }
 
 // waitStatus polls the status until done(status) holds or timeout passes.
