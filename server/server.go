@@ -220,10 +220,7 @@ func (s *Server) Start() (err error) {
 		}
 		logStore = s.wal
 	}
-	logs, err := raft.NewLogCache(4096, logStore)
-	if err != nil {
-		return fmt.Errorf("dlockd: log cache: %w", err)
-	}
+	logs := newLogCache(logStore, logCacheEntries, logCacheBytes)
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(s.cfg.DataDir, 2, rlog)
 	if err != nil {
 		return fmt.Errorf("dlockd: snapshot store: %w", err)

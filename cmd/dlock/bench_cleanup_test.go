@@ -352,6 +352,35 @@ func TestBench_Baselines(t *testing.T) {
 	wantOnlyUserData(t, ctx, c, "bench --raw-redis")
 }
 
+// TestBench_HoldSettle: with --pid, W3 reads the server's memory when the
+// last key is held and again --hold-settle later, the keys still held; a
+// negative --hold-settle is a usage error.
+func TestBench_HoldSettle(t *testing.T) {
+	r := testservers.StartRedis(t)
+	res := dlock(t, r.URL(), "bench", "--store", r.URL(), "--clients", "1", "--contended", "2", "--duration", "100ms",
+		"--hold-keys", "300", "--hold-settle", "300ms", "--pid", fmt.Sprintf("%s=%d", r.URL(), r.PID()), "-o", "json")
+	wantCode(t, res, 0)
+	var rep struct {
+		Held []struct {
+			Keys       int     `json:"keys"`
+			Held       float64 `json:"server_rss_mib"`
+			Settled    float64 `json:"server_settled_mib"`
+			SettledRSS float64 `json:"server_settled_rss_mib"`
+		} `json:"held"`
+	}
+	if err := json.Unmarshal([]byte(res.stdout), &rep); err != nil {
+		t.Fatalf("bench -o json: %v\n%s", err, res.stdout)
+	}
+	if len(rep.Held) != 1 || rep.Held[0].Keys != 300 || rep.Held[0].Held <= 0 || rep.Held[0].Settled <= 0 || rep.Held[0].SettledRSS < rep.Held[0].Settled {
+		t.Fatalf("W3 rows %+v, want one of 300 keys with its memory held and settled (RSS ≥ PSS)\n%s", rep.Held, res.stdout)
+	}
+	res = dlock(t, r.URL(), "bench", "--store", r.URL(), "--hold-settle", "-1s")
+	wantCode(t, res, 64)
+	if !strings.Contains(res.stderr, "--hold-settle") {
+		t.Fatalf("bench --hold-settle -1s said %q, want it to name the flag", res.stderr)
+	}
+}
+
 // TestBench_RawRecipes: --raw-etcd and --raw-zk add W1 with each store's
 // official client alone to the report, and the etcd and zk W1 rows carry
 // their ratio to it ("× raw recipe").

@@ -40,6 +40,11 @@ type Config struct {
 	HoldKeys         int            // W3 keys held at once (default 100,000; 0 skips W3 only if SkipHold)
 	SkipHold         bool           // skip W3
 	ServerPIDs       map[string]int // store URL → server PID, for W3 memory
+	// HoldSettle is how long W3 keeps its keys held after the last grant
+	// before it reads the server's memory a second time (Held.SettledMiB):
+	// a Go server's collector and a JVM's take seconds to give back what
+	// the burst of grants used. 0: no second reading.
+	HoldSettle time.Duration
 	// RawRedisAddr, when set (host:port), adds the raw Redis baselines:
 	// W1 and W2 with go-redis alone (Baseline).
 	RawRedisAddr string
@@ -108,9 +113,15 @@ type Held struct {
 	AcquireSeconds float64 `json:"acquire_seconds"`
 	ServerRSSMiB   float64 `json:"server_rss_mib,omitempty"` // 0: PID unknown
 	RSSBeforeMiB   float64 `json:"server_rss_before_mib,omitempty"`
-	Errors         int64   `json:"errors"`
-	Skipped        string  `json:"skipped,omitempty"` // why W3 was not run for this store
-	Capped         string  `json:"capped,omitempty"`  // why Keys is below Config.HoldKeys
+	// SettledMiB is the server's memory Config.HoldSettle after the last
+	// grant, the keys still held (0: not read).
+	SettledMiB float64 `json:"server_settled_mib,omitempty"`
+	// SettledRSSMiB is the resident set (VmRSS, shared pages counted in
+	// full) at the same moment, the figure dlockd's memory target is set in.
+	SettledRSSMiB float64 `json:"server_settled_rss_mib,omitempty"`
+	Errors        int64   `json:"errors"`
+	Skipped       string  `json:"skipped,omitempty"` // why W3 was not run for this store
+	Capped        string  `json:"capped,omitempty"`  // why Keys is below Config.HoldKeys
 }
 
 // holdCap returns how many keys W3 holds on store when asked for keys, and
@@ -207,7 +218,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		} else if !cfg.SkipHold {
 			keys, capped := holdCap(store, cfg.HoldKeys)
 			cfg.Progress("W3 %s, %d keys held", Redact(store), keys)
-			r, err := held(ctx, store, keys, cfg.ServerPIDs[store])
+			r, err := held(ctx, store, keys, cfg.ServerPIDs[store], cfg.HoldSettle)
 			if err != nil {
 				return rep, err
 			}
@@ -473,7 +484,7 @@ func jain(x []int) float64 {
 	return sum * sum / (float64(len(x)) * sq)
 }
 
-func held(ctx context.Context, store string, keys, pid int) (Held, error) {
+func held(ctx context.Context, store string, keys, pid int, settle time.Duration) (Held, error) {
 	const workers = 64
 	lockers, closeAll, err := openLockers(ctx, store, workers)
 	if err != nil {
@@ -516,6 +527,14 @@ func held(ctx context.Context, store string, keys, pid int) (Held, error) {
 	r.Errors = errs.Load()
 	if pid > 0 {
 		r.ServerRSSMiB = rssMiB(pid)
+		if settle > 0 {
+			select {
+			case <-ctx.Done():
+			case <-time.After(settle):
+				r.SettledMiB = rssMiB(pid)
+				r.SettledRSSMiB = vmRSSMiB(pid)
+			}
+		}
 	}
 	for w := range leases {
 		wg.Add(1)
@@ -543,6 +562,16 @@ func rssMiB(pid int) float64 {
 		} else {
 			kb += procField(fmt.Sprintf("/proc/%d/status", p), "VmRSS:")
 		}
+	}
+	return kb / 1024
+}
+
+// vmRSSMiB returns the resident set size (VmRSS) of a server process and
+// its descendants, in MiB; 0 when pid cannot be read. Linux only.
+func vmRSSMiB(pid int) float64 {
+	var kb float64
+	for _, p := range processTree(pid) {
+		kb += procField(fmt.Sprintf("/proc/%d/status", p), "VmRSS:")
 	}
 	return kb / 1024
 }

@@ -124,18 +124,22 @@ func (r Report) Markdown(w io.Writer) {
 	if len(r.Held) > 0 {
 		fmt.Fprintln(w, "### W3 — many keys held at once")
 		fmt.Fprintln(w)
-		fmt.Fprintln(w, "| store | keys | time to acquire all | server memory before | server memory, keys held | errors |")
-		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|")
+		fmt.Fprintln(w, "| store | keys | time to acquire all | server memory before | server memory, keys held | settled (PSS / RSS) | errors |")
+		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|")
 		for _, h := range r.Held {
 			if h.Skipped != "" {
-				fmt.Fprintf(w, "| %s | %d | not run: %s | | | |\n", storeName(h.Store), h.Keys, h.Skipped)
+				fmt.Fprintf(w, "| %s | %d | not run: %s | | | | |\n", storeName(h.Store), h.Keys, h.Skipped)
 				continue
 			}
 			keys := strconv.Itoa(h.Keys)
 			if h.Capped != "" {
 				keys += " (" + h.Capped + ")"
 			}
-			fmt.Fprintf(w, "| %s | %s | %.2f s | %s | %s | %d |\n", storeName(h.Store), keys, h.AcquireSeconds, mib(h.RSSBeforeMiB), mib(h.ServerRSSMiB), h.Errors)
+			settled := ""
+			if h.SettledMiB > 0 {
+				settled = mib(h.SettledMiB) + " / " + mib(h.SettledRSSMiB)
+			}
+			fmt.Fprintf(w, "| %s | %s | %.2f s | %s | %s | %s | %d |\n", storeName(h.Store), keys, h.AcquireSeconds, mib(h.RSSBeforeMiB), mib(h.ServerRSSMiB), settled, h.Errors)
 		}
 		fmt.Fprintln(w)
 	}

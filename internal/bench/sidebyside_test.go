@@ -10,7 +10,7 @@ package bench
 // figures come with their ratios to those of the same run:
 //
 //	make bench-stores                      # writes docs/BENCHMARKS-run.md
-//	BENCH_DURATION=5s BENCH_HOLD_KEYS=100000 BENCH_OUT=/tmp/run.md \
+//	BENCH_DURATION=5s BENCH_HOLD_KEYS=100000 BENCH_HOLD_SETTLE=15s BENCH_OUT=/tmp/run.md \
 //	  go test -run '^$' -bench SideBySide -benchtime 1x -timeout 60m ./internal/bench
 
 import (
@@ -54,6 +54,16 @@ func BenchmarkSideBySide(b *testing.B) {
 			b.Fatalf("BENCH_HOLD_KEYS: %v", err)
 		}
 		holdKeys = n
+	}
+	// W3 reads each server's memory again this long after the last grant,
+	// the keys still held (the "settled" column).
+	settle := 15 * time.Second
+	if v := os.Getenv("BENCH_HOLD_SETTLE"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			b.Fatalf("BENCH_HOLD_SETTLE: %v", err)
+		}
+		settle = d
 	}
 	only := os.Getenv("BENCH_STORES") // e.g. "dlockd,redis"; empty: all
 	want := func(name string) bool {
@@ -135,7 +145,7 @@ func BenchmarkSideBySide(b *testing.B) {
 	}
 	for range b.N {
 		rep, err := Run(b.Context(), Config{
-			Stores: stores, Duration: dur, HoldKeys: holdKeys, ServerPIDs: pids,
+			Stores: stores, Duration: dur, HoldKeys: holdKeys, HoldSettle: settle, ServerPIDs: pids,
 			RawRedisAddr: rawRedis, RawEtcdEndpoint: rawEtcd, RawZKAddr: rawZK, LimitsDir: limitsDir,
 			Progress: func(format string, args ...any) { b.Logf(format, args...) },
 		})

@@ -29,17 +29,18 @@ import (
 
 func newBenchCmd(g *globals) *cobra.Command {
 	var (
-		stores   []string
-		clients  []int
-		cclients []int
-		duration time.Duration
-		holdKeys int
-		skipHold bool
-		pids     []string
-		rawRedis string
-		rawEtcd  string
-		rawZK    string
-		limits   string
+		stores     []string
+		clients    []int
+		cclients   []int
+		duration   time.Duration
+		holdKeys   int
+		holdSettle time.Duration
+		skipHold   bool
+		pids       []string
+		rawRedis   string
+		rawEtcd    string
+		rawZK      string
+		limits     string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench [--store URL]...",
@@ -52,7 +53,9 @@ and prints one table per workload (Markdown, or JSON with -o json):
   W2  contended handoffs/s on one key, the gap from a release to the next
       grant (p50/p99) and the longest wait (--contended, default 8,64)
   W3  time to hold --hold-keys keys at once (default 100000) and the store
-      server's resident memory, read from /proc for the PID given by --pid
+      server's resident memory, read from /proc for the PID given by --pid,
+      the moment the last key is held and again --hold-settle later (the
+      keys still held: what the server keeps once its collector caught up)
 
 Every client opens its own Locker, as separate processes would; dlockd's
 Lockers share one connection per process (the driver's default: add
@@ -110,6 +113,9 @@ bounded tail of entries after a snapshot).`,
 			if err != nil {
 				return exit(ExitUsage, "%w", err)
 			}
+			if holdSettle < 0 {
+				return exit(ExitUsage, "bench: --hold-settle %v: want 0 (one reading) or a positive duration", holdSettle)
+			}
 			asGiven := map[string]string{} // scoped URL → the URL given
 			for i, s := range stores {
 				scoped, cleanup, err := benchScope(s)
@@ -151,7 +157,7 @@ bounded tail of entries after a snapshot).`,
 			}()
 			rep, err := bench.Run(ctx, bench.Config{
 				Stores: stores, Clients: clients, ContendedClients: cclients, Duration: duration,
-				HoldKeys: holdKeys, SkipHold: skipHold, ServerPIDs: pidMap,
+				HoldKeys: holdKeys, HoldSettle: holdSettle, SkipHold: skipHold, ServerPIDs: pidMap,
 				RawRedisAddr: rawRedis, RawEtcdEndpoint: rawEtcd, RawZKAddr: rawZK, LimitsDir: limits,
 				Progress: func(format string, a ...any) { fmt.Fprintf(g.stderr, "bench: "+format+"\n", a...) },
 			})
@@ -196,6 +202,7 @@ bounded tail of entries after a snapshot).`,
 	fl.IntSliceVar(&cclients, "contended", []int{8, 64}, "W2 client counts")
 	fl.DurationVar(&duration, "duration", 3*time.Second, "length of each W1 and W2 cell")
 	fl.IntVar(&holdKeys, "hold-keys", 100_000, "W3: keys held at once")
+	fl.DurationVar(&holdSettle, "hold-settle", 15*time.Second, "W3: read the server's memory again this long after the last grant, the keys still held (0: once); needs --pid")
 	fl.BoolVar(&skipHold, "skip-hold", false, "skip W3")
 	fl.StringArrayVar(&pids, "pid", nil, "URL=PID of a store's server process, for W3 memory")
 	fl.StringVar(&rawRedis, "raw-redis", "", "HOST:PORT of a Redis server: also run W1 and W2 with go-redis alone, the baseline of the ratios")
