@@ -75,12 +75,12 @@ func (l *Locker) acquire(ctx context.Context, key string, wait bool, o options) 
 			} else {
 				g, err = waiter.Wait(wctx, req)
 			}
-			if err == nil && (time.Since(sent) >= o.effectiveHeartbeat() || g.ConfirmWithin > 0 && !unconfirmedUsable(g, sent, o)) {
+			if err == nil && (time.Since(sent) >= o.effectiveHeartbeat() || g.ConfirmWithin > 0 && !windowUsable(g.ConfirmWithin, sent, o)) {
 				// The grant came by notification some time after the
 				// request was sent; re-anchor validity with a renewal
 				// (which also confirms a handed-over grant).
 				sent, err = l.confirm(actx, req, o)
-				g.ConfirmWithin = 0
+				g.ConfirmWithin, g.ValidFor = 0, 0
 				if errors.Is(err, ErrLeaseLost) {
 					continue
 				}
@@ -102,6 +102,16 @@ func (l *Locker) acquire(ctx context.Context, key string, wait bool, o options) 
 			ocancel()
 			if err != nil && cut && lastErr != nil && ctxEnded(actx) == nil {
 				err = lastErr
+			}
+		}
+		if err == nil && g.ValidFor > 0 && !windowUsable(g.ValidFor, sent, o) {
+			// Kept too little of the TTL for the drift and the time
+			// the answer took: renew it first, so that its validity is
+			// a TTL from a request sent now.
+			sent, err = l.confirm(actx, req, o)
+			g.ConfirmWithin, g.ValidFor = 0, 0
+			if errors.Is(err, ErrLeaseLost) {
+				continue
 			}
 		}
 		if err == nil {
@@ -250,15 +260,15 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// unconfirmedUsable reports whether a grant handed over unconfirmed
-// (Grant.ConfirmWithin) may become a lease before its confirmation, the
-// lease's first renewal: the validity it gives, from the wait's send to
-// the send plus the window (or the TTL, if shorter) less the drift, must
-// be at least half of that window, and less than half of it may have
-// passed, so that the confirmation has time to come back. Otherwise the
-// grant is confirmed before Acquire returns.
-func unconfirmedUsable(g driver.Grant, sent time.Time, o options) bool {
-	window := min(o.ttl, g.ConfirmWithin)
+// windowUsable reports whether a grant the store keeps only window from
+// the request unless it is renewed or confirmed (Grant.ConfirmWithin,
+// Grant.ValidFor) may become a lease before that renewal: the validity it
+// gives, from the send to the send plus the window (or the TTL, if
+// shorter) less the drift, must be at least half of that window, and less
+// than half of it may have passed, so that the renewal has time to come
+// back. Otherwise the grant is renewed before Acquire returns.
+func windowUsable(window time.Duration, sent time.Time, o options) bool {
+	window = min(o.ttl, window)
 	valid := window - o.effectiveDrift()
 	return valid >= window/2 && time.Since(sent) < valid/2
 }

@@ -33,8 +33,12 @@ type Lease struct {
 	// unconfirmed: handed over by the store without confirmation
 	// (Grant.ConfirmWithin); the heartbeat's first renewal is sent at once.
 	unconfirmed bool
-	opts        options
-	start       time.Time
+	// firstBeat is the time from start to the first renewal when the
+	// store keeps the grant less than the TTL (Grant.ValidFor): half of
+	// that, when sooner than the heartbeat interval; 0: the interval.
+	firstBeat time.Duration
+	opts      options
+	start     time.Time
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -73,6 +77,18 @@ func (l *Locker) newLease(req driver.AcquireRequest, g driver.Grant, sent time.T
 		// the heartbeat sends as soon as it starts.
 		ls.deadline = sent.Add(min(o.ttl, g.ConfirmWithin) - o.effectiveDrift())
 		ls.unconfirmed = true
+	}
+	if g.ValidFor > 0 && g.ValidFor < o.ttl {
+		// Kept by the store to the request plus ValidFor unless renewed
+		// (an etcd entry on a shared lease kept alive before the
+		// request): valid to that until the first renewal, which the
+		// heartbeat sends before half of it has passed.
+		if d := sent.Add(g.ValidFor - o.effectiveDrift()); d.Before(ls.deadline) {
+			ls.deadline = d
+		}
+		if half := g.ValidFor / 2; half < o.effectiveHeartbeat() {
+			ls.firstBeat = half
+		}
 	}
 	l.mu.Lock()
 	if l.closed {
@@ -343,6 +359,9 @@ func (ls *Lease) heartbeat(pushedLoss, recheck <-chan struct{}) {
 	o := ls.opts
 	interval := o.effectiveHeartbeat()
 	next := ls.start.Add(interval)
+	if ls.firstBeat > 0 {
+		next = ls.start.Add(ls.firstBeat)
+	}
 	if ls.unconfirmed {
 		next = time.Now() // the renewal is the store's confirmation
 	}

@@ -282,6 +282,18 @@ type Grant struct {
 	// UnconfirmedWaiter.WaitUnconfirmed returns it; it is 0 for every other
 	// grant.
 	ConfirmWithin time.Duration
+	// ValidFor, when > 0, says that the store keeps the grant less than
+	// the TTL from the request unless it is renewed: until a Renew
+	// succeeds, the grant is valid only to the request's sending plus
+	// ValidFor (less the drift), and the caller must renew it before that
+	// (the root package renews before half of ValidFor has passed). An
+	// etcd entry put on a shared lease whose last confirmed keepalive was
+	// sent before the request lives that lease's TTL from the keepalive,
+	// not from the request. Unlike ConfirmWithin, the store does not wait
+	// for a renewal to keep the grant. TryAcquire, Wait and
+	// WaitUnconfirmed may return it; it is 0 when the grant lasts its TTL
+	// from the request.
+	ValidFor time.Duration
 	// Recheck, when not nil, receives a value (sent without blocking) when
 	// the store hints that this grant may be gone (a Redis pub/sub message
 	// published by a release or force release of the key). A hint is never
@@ -290,6 +302,21 @@ type Grant struct {
 	// renewal (ErrLeaseLost) ends the lease. Drivers stop sending when the
 	// grant is released, found lost, or has gone a TTL without renewal.
 	Recheck <-chan struct{}
+}
+
+// Window returns how long from its request g is valid until its first
+// renewal succeeds, when the store keeps it less than the TTL: the shorter
+// of ConfirmWithin and ValidFor of those set, 0 when neither is (the grant
+// is valid for the TTL from the request, less the drift).
+func (g Grant) Window() time.Duration {
+	switch {
+	case g.ConfirmWithin > 0 && g.ValidFor > 0:
+		return min(g.ConfirmWithin, g.ValidFor)
+	case g.ConfirmWithin > 0:
+		return g.ConfirmWithin
+	default:
+		return g.ValidFor
+	}
 }
 
 // Driver is one connection to one store. All methods are safe for concurrent

@@ -102,7 +102,7 @@ func (r *RecordingDriver) grant(req driver.AcquireRequest, inv time.Duration, g 
 		Invoke: inv, Complete: r.rec.Now(), Outcome: outcome(err), Note: how,
 	}
 	if err == nil {
-		op.Fence, op.GrantTTL, op.ClaimWithin = g.Fence, req.TTL, g.ConfirmWithin
+		op.Fence, op.GrantTTL, op.ClaimWithin = g.Fence, req.TTL, g.Window()
 	} else {
 		op.Note += ": " + errText(err)
 	}

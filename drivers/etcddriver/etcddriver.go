@@ -104,6 +104,14 @@
 //     on a lease whose keepalives had just stalled (replies lost, a leader
 //     paused) ended on the store while its holder still counted on it,
 //     and the next holder was granted early (found by dlock verify).
+//     An acquisition skips that keepalive while the lease's last confirmed
+//     one leaves at least half of the TTL (the lease's own keepalives,
+//     every third of its TTL, keep it so): the grant then says how long
+//     etcd keeps the entry from the request (driver.Grant.ValidFor, the
+//     lease's TTL from that keepalive), and the dlock client counts the
+//     lease valid to that, not a TTL, until its first renewal, which it
+//     sends before half of it has passed (at once, before Acquire returns,
+//     for a waiter granted later than that).
 //   - Renew waits for a KeepAliveOnce of the grant's lease sent after Renew
 //     began (concurrent renewals of one lease share it), then reads the
 //     entry back: etcd then keeps the entry at least a TTL from the call.
@@ -600,6 +608,9 @@ type queued struct {
 	pred  string       // the entry just before it, "" when it is the holder
 	ahead int64        // number of entries before it
 	seen  int64        // store revision at which pred and ahead were read
+	// validFor > 0: the entry lives at least this long from the request,
+	// less than its TTL (see putEntry); 0: a TTL from the request.
+	validFor time.Duration
 }
 
 // enqueue puts req's entry on the driver's shared lease for req.TTL, in a
@@ -612,7 +623,7 @@ func (d *Driver) enqueue(ctx context.Context, req driver.AcquireRequest) (queued
 	val, _ := json.Marshal(value{Holder: req.Holder, TTL: req.TTL})
 	k := d.entry(req.Key, req.Owner)
 	dir := d.dir(req.Key)
-	resp, sl, err := d.putEntry(ctx, req.TTL, k, string(val),
+	resp, sl, validFor, err := d.putEntry(ctx, req.TTL, k, string(val),
 		clientv3.OpGet(dir, append(clientv3.WithLastCreate(), clientv3.WithPrefix(), clientv3.WithKeysOnly())...))
 	if err != nil {
 		return queued{}, err
@@ -623,13 +634,13 @@ func (d *Driver) enqueue(ctx context.Context, req driver.AcquireRequest) (queued
 			sl.unuse()
 			return queued{}, fmt.Errorf("entry %q vanished", k)
 		}
-		q, err := d.ahead(ctx, k, dir, queued{sl: sl, rev: kvs[0].CreateRevision})
+		q, err := d.ahead(ctx, k, dir, queued{sl: sl, rev: kvs[0].CreateRevision, validFor: validFor})
 		if err != nil {
 			sl.unuse()
 		}
 		return q, err
 	}
-	q := queued{sl: sl, rev: resp.Header.Revision, seen: resp.Header.Revision}
+	q := queued{sl: sl, rev: resp.Header.Revision, seen: resp.Header.Revision, validFor: validFor}
 	rr := resp.Responses[0].GetResponseRange()
 	if len(rr.Kvs) > 0 {
 		q.pred = string(rr.Kvs[0].Key)
@@ -648,25 +659,35 @@ func (d *Driver) enqueue(ctx context.Context, req driver.AcquireRequest) (queued
 // the put tried once more on a new one. On any other error, an entry the
 // transaction may have put is deleted (abandon) and no lease is returned.
 // It returns only once a keepalive of the lease sent after the call began
-// was confirmed (see the package doc's Shared leases), or with its error.
-func (d *Driver) putEntry(ctx context.Context, ttl time.Duration, k, val string, read clientv3.Op) (*clientv3.TxnResponse, *sharedLease, error) {
+// was confirmed (see the package doc's Shared leases), or with its error;
+// except when the lease's last confirmed keepalive leaves the entry at
+// least half of ttl from the call: putEntry then sends none and returns
+// that time (validFor, less than ttl), the grant's Grant.ValidFor.
+// validFor is 0 when the entry lives ttl from the call.
+func (d *Driver) putEntry(ctx context.Context, ttl time.Duration, k, val string, read clientv3.Op) (*clientv3.TxnResponse, *sharedLease, time.Duration, error) {
 	for try := 0; ; try++ {
 		start := time.Now()
 		sl, err := d.useLease(ctx, ttl)
 		if errors.Is(err, errClosed) {
-			return nil, nil, driver.ErrClosed
+			return nil, nil, 0, driver.ErrClosed
 		}
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, 0, err
 		}
 		// The shared lease was last confirmed up to a TTL ago, and etcd
 		// ends the entry with it: the entry lives a TTL from start only
 		// once a keepalive sent after start is confirmed. It runs beside
 		// the transaction (shared with concurrent callers), so it costs
-		// no round trip of its own.
+		// no round trip of its own; it is skipped while the lease's own
+		// keepalives (every third of its TTL) keep it fresh enough, and
+		// the grant then says how long it has (Grant.ValidFor).
 		kept := make(chan error, 1)
-		if sl.confirmedSince(start) {
+		var validFor time.Duration
+		if left := sl.keptFrom(start); sl.confirmedSince(start) || left >= ttl {
 			kept <- nil // a fresh lease: its grant was sent after start
+		} else if left >= ttl/2 {
+			validFor = left
+			kept <- nil
 		} else {
 			go func() { kept <- sl.keepAlive(ctx) }()
 		}
@@ -687,7 +708,7 @@ func (d *Driver) putEntry(ctx context.Context, ttl time.Duration, k, val string,
 			if err == nil {
 				err = kerr
 			}
-			return nil, nil, err
+			return nil, nil, 0, err
 		}
 		if err == nil && kerr != nil {
 			if errors.Is(kerr, errClosed) {
@@ -696,10 +717,10 @@ func (d *Driver) putEntry(ctx context.Context, ttl time.Duration, k, val string,
 			err = fmt.Errorf("keepalive of etcd lease %x: %w", int64(sl.id), kerr)
 		}
 		if err == nil {
-			return resp, sl, nil
+			return resp, sl, validFor, nil
 		}
 		d.abandon(ctx, sl, k, 0)
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 }
 
@@ -787,11 +808,11 @@ func (d *Driver) granted(req driver.AcquireRequest, q queued) (driver.Grant, err
 			old.deadline = end
 		}
 		d.mu.Unlock()
-		return driver.Grant{Fence: uint64(q.rev), Lost: old.lost}, nil
+		return driver.Grant{Fence: uint64(q.rev), Lost: old.lost, ValidFor: q.validFor}, nil
 	}
 	g := d.trackLocked(k, q.sl, q.rev, req.Holder)
 	d.mu.Unlock()
-	return driver.Grant{Fence: uint64(q.rev), Lost: g.lost}, nil
+	return driver.Grant{Fence: uint64(q.rev), Lost: g.lost, ValidFor: q.validFor}, nil
 }
 
 // trackLocked records the grant of entry k (create revision rev) on sl, of

@@ -262,6 +262,15 @@ func (s *sharedLease) confirmedSince(t time.Time) bool {
 	return !s.confirmed.Before(t)
 }
 
+// keptFrom returns how long from t etcd keeps the lease at least with no
+// further keepalive: its TTL from the send of the last confirmed keepalive
+// (or of its grant), less the time from that send to t.
+func (s *sharedLease) keptFrom(t time.Time) time.Duration {
+	s.kmu.Lock()
+	defer s.kmu.Unlock()
+	return s.confirmed.Add(s.ttl).Sub(t)
+}
+
 // send sends the pending keepalive batches, one after the other, until
 // none is pending (another sender may take some of them).
 func (s *sharedLease) send() {

@@ -476,3 +476,55 @@ func TestSharedLease_GrantOnStaleLeaseLivesItsTTL(t *testing.T) {
 		t.Fatalf("the grant's entry was gone %v after its request (TTL %v): it ended with the stale shared lease", time.Since(sent).Round(time.Millisecond), ttl)
 	}
 }
+
+// TestSharedLease_GrantOnAFreshLeaseSendsNoKeepAlive: a TryAcquire on a
+// shared lease whose last confirmed keepalive leaves at least half a TTL
+// sends no keepalive of its own (one round trip fewer beside the put) and
+// says how long the store keeps the grant (Grant.ValidFor: the lease's TTL
+// from that keepalive, less than the TTL from the request), and the entry
+// lives that long; a grant on a lease just granted lives its TTL
+// (ValidFor 0). Before, every acquisition on a lease granted earlier
+// waited for a keepalive sent after it began.
+func TestSharedLease_GrantOnAFreshLeaseSendsNoKeepAlive(t *testing.T) {
+	e := testservers.StartEtcd(t)
+	cli := rawClient(t, e)
+	d := openDriver(t, e.URL())
+	ctx := t.Context()
+	t.Cleanup(etcddriver.SetTestHookNoLoopKeepAlive(true))
+	const ttl = 6 * time.Second
+	first := req("fresh-first", ttl)
+	g, err := d.TryAcquire(ctx, first)
+	if err != nil {
+		t.Fatal(err) // grants the shared lease
+	}
+	if g.ValidFor != 0 {
+		t.Fatalf("the grant that made the lease has ValidFor %v, want 0 (a TTL from its request)", g.ValidFor)
+	}
+	lease, _, _ := entryKV(t, cli, first)
+	time.Sleep(2 * time.Second) // no keepalive meanwhile: about 4 s of the lease left
+	r := req("fresh-second", ttl)
+	sent := time.Now()
+	g, err = d.TryAcquire(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.ValidFor < ttl/2 || g.ValidFor > ttl-2*time.Second {
+		t.Fatalf("ValidFor %v, want what the lease had left, about %v", g.ValidFor, ttl-2*time.Second)
+	}
+	ttlResp, err := cli.TimeToLive(ctx, lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ttlResp.TTL > 4 {
+		t.Fatalf("the shared lease has %d s left after the grant, want at most 4: a keepalive was sent", ttlResp.TTL)
+	}
+	time.Sleep(time.Until(sent.Add(g.ValidFor - 300*time.Millisecond)))
+	if _, _, ok := entryKV(t, cli, r); !ok {
+		t.Fatalf("the grant's entry was gone %v after its request, before its ValidFor %v", time.Since(sent).Round(time.Millisecond), g.ValidFor)
+	}
+	for _, r := range []driver.AcquireRequest{first, r} {
+		if err := d.Release(ctx, r.Key, r.Owner); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -188,7 +188,7 @@ func (v readerView) enqueue(ctx context.Context, req driver.AcquireRequest) (que
 	val, _ := json.Marshal(sharedValue{Holder: req.Holder, TTL: req.TTL, Mode: sharedMode})
 	k := d.entry(req.Key, req.Owner)
 	dir := d.dir(req.Key)
-	resp, sl, err := d.putEntry(ctx, req.TTL, k, string(val),
+	resp, sl, validFor, err := d.putEntry(ctx, req.TTL, k, string(val),
 		clientv3.OpGet(dir, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend)))
 	if err != nil {
 		return queued{}, err
@@ -199,13 +199,13 @@ func (v readerView) enqueue(ctx context.Context, req driver.AcquireRequest) (que
 			sl.unuse()
 			return queued{}, fmt.Errorf("entry %q vanished", k)
 		}
-		q, err := v.writerAhead(ctx, req.Key, k, queued{sl: sl, rev: kvs[0].CreateRevision})
+		q, err := v.writerAhead(ctx, req.Key, k, queued{sl: sl, rev: kvs[0].CreateRevision, validFor: validFor})
 		if err != nil {
 			sl.unuse()
 		}
 		return q, err
 	}
-	q := queued{sl: sl, rev: resp.Header.Revision, seen: resp.Header.Revision}
+	q := queued{sl: sl, rev: resp.Header.Revision, seen: resp.Header.Revision, validFor: validFor}
 	q.pred = lastWriter(resp.Responses[0].GetResponseRange().Kvs)
 	return q, nil
 }

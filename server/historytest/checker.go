@@ -151,7 +151,10 @@ type Op struct {
 	Outcome          Outcome
 	// Fence, GrantTTL and ClaimWithin are the answer of an Acquire that
 	// was granted: the fence, the TTL the server answered (the one the
-	// checker uses), and the claim window (0: none).
+	// checker uses), and the claim window (0: none): how long from the
+	// request the grant is valid until a renewal, when that is less than
+	// the TTL (driver.Grant.Window: dlockd's claim window of a handover,
+	// an etcd grant's Grant.ValidFor).
 	Fence       uint64
 	GrantTTL    time.Duration
 	ClaimWithin time.Duration
