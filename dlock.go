@@ -15,7 +15,11 @@
 // own monotonic clock and never compares wall clocks across machines: a lease
 // is valid until sent + TTL − drift, where sent is the moment the acquisition
 // (or the last confirmed renewal) request was sent, so the time spent
-// acquiring is subtracted. Drift defaults to 1% of the TTL plus 2 ms.
+// acquiring is subtracted. Drift defaults to 1% of the TTL plus 2 ms. Until
+// its first renewal, a grant the store keeps less than a TTL from the
+// request is valid only as long as the store keeps it (dlockd's claim
+// window for a handed-over key, an etcd grant on a shared lease: see
+// Lease.Deadline), and the first renewal comes sooner.
 //
 // Renewals, releases and acquisitions compare the owner token atomically on
 // the store; a bare delete never happens, so a holder whose lease expired can

@@ -34,8 +34,8 @@ type Lease struct {
 	// (Grant.ConfirmWithin); the heartbeat's first renewal is sent at once.
 	unconfirmed bool
 	// firstBeat is the time from start to the first renewal when the
-	// store keeps the grant less than the TTL (Grant.ValidFor): half of
-	// that, when sooner than the heartbeat interval; 0: the interval.
+	// store keeps the grant less than the TTL (Grant.ValidFor): a third
+	// of that, when sooner than the heartbeat interval; 0: the interval.
 	firstBeat time.Duration
 	opts      options
 	start     time.Time
@@ -82,12 +82,14 @@ func (l *Locker) newLease(req driver.AcquireRequest, g driver.Grant, sent time.T
 		// Kept by the store to the request plus ValidFor unless renewed
 		// (an etcd entry on a shared lease kept alive before the
 		// request): valid to that until the first renewal, which the
-		// heartbeat sends before half of it has passed.
+		// heartbeat sends a third of the way into it, so that the renewal
+		// has two thirds of it to get through, as a renewal at the
+		// default interval has two thirds of the TTL.
 		if d := sent.Add(g.ValidFor - o.effectiveDrift()); d.Before(ls.deadline) {
 			ls.deadline = d
 		}
-		if half := g.ValidFor / 2; half < o.effectiveHeartbeat() {
-			ls.firstBeat = half
+		if third := g.ValidFor / 3; third < o.effectiveHeartbeat() {
+			ls.firstBeat = third
 		}
 	}
 	l.mu.Lock()
@@ -181,7 +183,11 @@ func (ls *Lease) TTL() time.Duration { return ls.opts.ttl }
 // that asks the new holder to confirm it (dlockd's claim window) is valid,
 // until its first renewal, only to the wait request's sending plus that
 // window, when the window is shorter than the TTL; the lease renews it
-// within milliseconds. Work that must finish under the
+// within milliseconds. A grant the store keeps less than the TTL from the
+// request (driver.Grant.ValidFor: an etcd entry on a shared lease kept
+// alive shortly before) is valid, until its first renewal, to the
+// request's sending plus that time, at least three fifths of the TTL; the
+// lease renews it a third of the way in. Work that must finish under the
 // lease should finish before it. It is the zero time for a degraded lease.
 func (ls *Lease) Deadline() time.Time {
 	ls.mu.Lock()

@@ -36,14 +36,14 @@ func newShortGrants(validFor time.Duration) *shortGrants {
 
 // TestTryAcquire_ShortGrantIsBoundedUntilRenewed: a grant the store keeps
 // less than the TTL (Grant.ValidFor) is valid to the request's send plus
-// ValidFor less the drift, not the TTL, and the lease renews it before half
-// of ValidFor has passed (not at the heartbeat interval, a third of the
+// ValidFor less the drift, not the TTL, and the lease renews it a third of
+// the way into ValidFor (not at the heartbeat interval, a third of the
 // TTL), which restores a full TTL; no renewal is sent before TryAcquire
 // returns.
 func TestTryAcquire_ShortGrantIsBoundedUntilRenewed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const ttl = 30 * time.Second
-		s := newShortGrants(20 * time.Second)
+		s := newShortGrants(21 * time.Second)
 		l := dlock.New(s)
 		defer l.Close()
 		sent := time.Now()
@@ -54,19 +54,23 @@ func TestTryAcquire_ShortGrantIsBoundedUntilRenewed(t *testing.T) {
 		if n := s.renewCount(); n != 0 {
 			t.Fatalf("%d renewals before TryAcquire returned, want none", n)
 		}
-		if got, want := ls.Deadline(), sent.Add(20*time.Second-drift30s); !got.Equal(want) {
+		if got, want := ls.Deadline(), sent.Add(21*time.Second-drift30s); !got.Equal(want) {
 			t.Fatalf("deadline %v after the send, want %v (ValidFor less drift, not the TTL)", got.Sub(sent), want.Sub(sent))
 		}
-		time.Sleep(9 * time.Second) // before ValidFor/2 = 10 s
+		time.Sleep(6900 * time.Millisecond) // a third of ValidFor is 7 s; the heartbeat's interval 10 s
 		if n := s.renewCount(); n != 0 {
-			t.Fatalf("%d renewals 9 s after the grant, want none before half of ValidFor", n)
+			t.Fatalf("%d renewals 6.9 s after the grant, want none before a third of ValidFor", n)
 		}
-		time.Sleep(2 * time.Second)
+		time.Sleep(200 * time.Millisecond)
 		if n := s.renewCount(); n != 1 {
-			t.Fatalf("%d renewals 11 s after the grant, want 1 (at half of ValidFor, 10 s; the heartbeat interval is 10 s too here)", n)
+			t.Fatalf("%d renewals 7.1 s after the grant, want 1 (at a third of ValidFor, 7 s)", n)
 		}
 		if left := time.Until(ls.Deadline()); left < ttl-2*time.Second {
 			t.Fatalf("validity left %v after the first renewal, want about a full TTL", left)
+		}
+		time.Sleep(9 * time.Second)
+		if n := s.renewCount(); n != 1 {
+			t.Fatalf("%d renewals 16 s after the grant, want the next at the interval after the first (17 s)", n)
 		}
 		if err := ls.Release(t.Context()); err != nil {
 			t.Fatal(err)
@@ -74,30 +78,61 @@ func TestTryAcquire_ShortGrantIsBoundedUntilRenewed(t *testing.T) {
 	})
 }
 
-// TestTryAcquire_ShortGrantRenewsEarlierThanTheHeartbeat: with ValidFor at
-// 12 s of a 30 s TTL the first renewal comes at 6 s, before the heartbeat's
-// 10 s, so the lease never runs on less than half of ValidFor.
-func TestTryAcquire_ShortGrantRenewsEarlierThanTheHeartbeat(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s := newShortGrants(12 * time.Second)
-		l := dlock.New(s)
-		defer l.Close()
-		ls, err := l.TryAcquire(t.Context(), "k", dlock.WithTTL(30*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(5900 * time.Millisecond)
-		if n := s.renewCount(); n != 0 {
-			t.Fatalf("%d renewals before 6 s", n)
-		}
-		time.Sleep(200 * time.Millisecond)
-		if n := s.renewCount(); n != 1 {
-			t.Fatalf("%d renewals at 6.1 s, want the first at half of ValidFor (6 s)", n)
-		}
-		if err := ls.Release(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-	})
+// shortWaiter is a driver.Waiter whose grants come after delay with
+// Grant.ValidFor set.
+type shortWaiter struct {
+	*shortGrants
+}
+
+func (w shortWaiter) Wait(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
+	g, err := w.Driver.(driver.Waiter).Wait(ctx, req)
+	time.Sleep(w.delay)
+	if err == nil {
+		g.ValidFor = w.validFor
+	}
+	return g, err
+}
+
+// TestAcquire_ShortGrantByWait: a waited grant with ValidFor that came
+// early in its window becomes a lease bounded by it, with no renewal
+// before Acquire returns; one that came after half of it (less the drift)
+// is renewed first.
+func TestAcquire_ShortGrantByWait(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		delay   time.Duration
+		renewed bool
+	}{
+		{"early", 100 * time.Millisecond, false},
+		{"late", 9 * time.Second, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				s := newShortGrants(18 * time.Second)
+				s.delay = tc.delay
+				l := dlock.New(shortWaiter{s})
+				defer l.Close()
+				sent := time.Now()
+				ls, err := l.Acquire(t.Context(), "k", dlock.WithTTL(30*time.Second))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n := s.renewCount(); (n == 1) != tc.renewed || n > 1 {
+					t.Fatalf("%d renewals before Acquire returned, want renewed: %v", n, tc.renewed)
+				}
+				want := sent.Add(18*time.Second - drift30s)
+				if tc.renewed {
+					want = sent.Add(tc.delay + 30*time.Second - drift30s)
+				}
+				if got := ls.Deadline(); !got.Equal(want) {
+					t.Fatalf("deadline %v after the send, want %v", got.Sub(sent), want.Sub(sent))
+				}
+				if err := ls.Release(t.Context()); err != nil {
+					t.Fatal(err)
+				}
+			})
+		})
+	}
 }
 
 // TestTryAcquire_ShortGrantTooShortIsRenewedFirst: a ValidFor that the

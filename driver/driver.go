@@ -286,7 +286,7 @@ type Grant struct {
 	// the TTL from the request unless it is renewed: until a Renew
 	// succeeds, the grant is valid only to the request's sending plus
 	// ValidFor (less the drift), and the caller must renew it before that
-	// (the root package renews before half of ValidFor has passed). An
+	// (the root package renews a third of the way into ValidFor). An
 	// etcd entry put on a shared lease whose last confirmed keepalive was
 	// sent before the request lives that lease's TTL from the keepalive,
 	// not from the request. Unlike ConfirmWithin, the store does not wait

@@ -88,7 +88,8 @@ func (r *recordingWaiter) Wait(ctx context.Context, req driver.AcquireRequest) (
 }
 
 // WaitUnconfirmed implements driver.UnconfirmedWaiter; the grant's claim
-// window (Grant.ConfirmWithin) is recorded as the Op's ClaimWithin.
+// window (Grant.ConfirmWithin) is recorded as the Op's ClaimWithin (as for
+// every grant, the shorter of it and Grant.ValidFor: Grant.Window).
 func (r *recordingUnconfirmedWaiter) WaitUnconfirmed(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
 	inv := r.rec.Now()
 	g, err := r.u.WaitUnconfirmed(ctx, req)

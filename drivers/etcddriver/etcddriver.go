@@ -66,7 +66,9 @@
 // have a one-second granularity; the server may raise very short TTLs to its
 // own minimum, 1.5 × the election timeout). The store therefore never
 // expires a grant before the client-side validity deadline (sent + TTL −
-// drift) that the dlock root package computes, only later. A newly elected
+// drift, or sent + Grant.ValidFor − drift until the first renewal of a
+// grant made without a keepalive: see Shared leases) that the dlock root
+// package computes, only later. A newly elected
 // etcd leader extends every lease by its election timeout, so expiry can
 // come late, never early.
 //
@@ -105,13 +107,15 @@
 //     paused) ended on the store while its holder still counted on it,
 //     and the next holder was granted early (found by dlock verify).
 //     An acquisition skips that keepalive while the lease's last confirmed
-//     one leaves at least half of the TTL (the lease's own keepalives,
-//     every third of its TTL, keep it so): the grant then says how long
-//     etcd keeps the entry from the request (driver.Grant.ValidFor, the
-//     lease's TTL from that keepalive), and the dlock client counts the
+//     one leaves at least three fifths of the TTL (the lease's own
+//     keepalives, every third of its TTL, keep it so): the grant then says
+//     how long etcd keeps the entry from the request (driver.Grant.ValidFor,
+//     the lease's TTL from that keepalive), and the dlock client counts the
 //     lease valid to that, not a TTL, until its first renewal, which it
-//     sends before half of it has passed (at once, before Acquire returns,
-//     for a waiter granted later than that).
+//     sends a third of the way into it (before Acquire returns for a
+//     waiter granted later than that). So the first renewal has two thirds
+//     of ValidFor, at least 0.4 of the TTL, to get through (a store
+//     outage, an election) where other renewals have two thirds of the TTL.
 //   - Renew waits for a KeepAliveOnce of the grant's lease sent after Renew
 //     began (concurrent renewals of one lease share it), then reads the
 //     entry back: etcd then keeps the entry at least a TTL from the call.
@@ -661,8 +665,10 @@ func (d *Driver) enqueue(ctx context.Context, req driver.AcquireRequest) (queued
 // It returns only once a keepalive of the lease sent after the call began
 // was confirmed (see the package doc's Shared leases), or with its error;
 // except when the lease's last confirmed keepalive leaves the entry at
-// least half of ttl from the call: putEntry then sends none and returns
-// that time (validFor, less than ttl), the grant's Grant.ValidFor.
+// least three fifths of ttl from the call (the lease's own keepalives,
+// every third of its TTL, leave two thirds or more): putEntry then sends
+// none and returns that time (validFor, less than ttl), the grant's
+// Grant.ValidFor.
 // validFor is 0 when the entry lives ttl from the call.
 func (d *Driver) putEntry(ctx context.Context, ttl time.Duration, k, val string, read clientv3.Op) (*clientv3.TxnResponse, *sharedLease, time.Duration, error) {
 	for try := 0; ; try++ {
@@ -685,7 +691,7 @@ func (d *Driver) putEntry(ctx context.Context, ttl time.Duration, k, val string,
 		var validFor time.Duration
 		if left := sl.keptFrom(start); sl.confirmedSince(start) || left >= ttl {
 			kept <- nil // a fresh lease: its grant was sent after start
-		} else if left >= ttl/2 {
+		} else if left >= ttl*3/5 {
 			validFor = left
 			kept <- nil
 		} else {

@@ -9,6 +9,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/driver"
 	"github.com/dlock-dev/dlock/drivers/etcddriver"
 	"github.com/dlock-dev/dlock/internal/testservers"
@@ -478,7 +479,7 @@ func TestSharedLease_GrantOnStaleLeaseLivesItsTTL(t *testing.T) {
 }
 
 // TestSharedLease_GrantOnAFreshLeaseSendsNoKeepAlive: a TryAcquire on a
-// shared lease whose last confirmed keepalive leaves at least half a TTL
+// shared lease whose last confirmed keepalive leaves at least 3/5 of a TTL
 // sends no keepalive of its own (one round trip fewer beside the put) and
 // says how long the store keeps the grant (Grant.ValidFor: the lease's TTL
 // from that keepalive, less than the TTL from the request), and the entry
@@ -508,7 +509,7 @@ func TestSharedLease_GrantOnAFreshLeaseSendsNoKeepAlive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if g.ValidFor < ttl/2 || g.ValidFor > ttl-2*time.Second {
+	if g.ValidFor < ttl*3/5 || g.ValidFor > ttl-2*time.Second {
 		t.Fatalf("ValidFor %v, want what the lease had left, about %v", g.ValidFor, ttl-2*time.Second)
 	}
 	ttlResp, err := cli.TimeToLive(ctx, lease)
@@ -524,6 +525,49 @@ func TestSharedLease_GrantOnAFreshLeaseSendsNoKeepAlive(t *testing.T) {
 	}
 	for _, r := range []driver.AcquireRequest{first, r} {
 		if err := d.Release(ctx, r.Key, r.Owner); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestSharedLease_ClientCountsTheShorterValidity: through the dlock
+// client, a grant made without a keepalive is valid only as long as etcd
+// keeps its entry (the shared lease's TTL from its last keepalive), not a
+// TTL from the request, until the lease's first renewal, which comes a
+// third of the way in and restores a full TTL.
+func TestSharedLease_ClientCountsTheShorterValidity(t *testing.T) {
+	e := testservers.StartEtcd(t)
+	d := openDriver(t, e.URL())
+	l := dlock.New(d)
+	defer l.Close()
+	ctx := t.Context()
+	t.Cleanup(etcddriver.SetTestHookNoLoopKeepAlive(true))
+	const ttl = 6 * time.Second
+	first, err := l.TryAcquire(ctx, "client-first", dlock.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err) // grants the shared lease: a full TTL
+	}
+	time.Sleep(2 * time.Second) // no keepalive meanwhile: about 4 s of the lease left
+	sent := time.Now()
+	ls, err := l.TryAcquire(ctx, "client-second", dlock.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left := ls.Deadline().Sub(sent); left > ttl-2*time.Second || left < ttl*3/5-100*time.Millisecond {
+		t.Fatalf("the lease is valid %v from its request, want what the shared lease had left (about %v), not the TTL", left, ttl-2*time.Second)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Until(ls.Deadline()) < ttl-time.Second && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if left := time.Until(ls.Deadline()); left < ttl-time.Second {
+		t.Fatalf("validity left %v %v after the grant, want a full TTL after its first renewal (due at about 1.3 s)", left, time.Since(sent).Round(time.Millisecond))
+	}
+	if err := ls.Err(); err != nil {
+		t.Fatalf("lease ended: %v", err)
+	}
+	for _, l := range []*dlock.Lease{first, ls} {
+		if err := l.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -103,7 +103,8 @@ func (r *RecordingDriver) Wait(ctx context.Context, req driver.AcquireRequest) (
 
 // WaitUnconfirmed records an Acquire with wait whose handed-over grant may
 // come unclaimed: its claim window (Grant.ConfirmWithin) is recorded as
-// the Op's ClaimWithin, which bounds its validity until a renewal. Over a
+// the Op's ClaimWithin, which bounds its validity until a renewal (as for
+// every grant, the shorter of it and Grant.ValidFor: Grant.Window). Over a
 // driver that is not a driver.UnconfirmedWaiter it is Wait.
 func (r *RecordingDriver) WaitUnconfirmed(ctx context.Context, req driver.AcquireRequest) (driver.Grant, error) {
 	u, ok := r.w.(driver.UnconfirmedWaiter)
