@@ -839,3 +839,110 @@ func TestBatchGate_MembersDecodeBatches(t *testing.T) {
 		}
 	}
 }
+
+// TestServer_QueueEntryDuringARoundWaitsForTheNextRelease: a wait for a
+// held key proposed while a round is in flight (a release's, in a handoff
+// loop) is not sent alone when that round ends, as a round (and an fsync)
+// of its own that the next release would wait behind: it waits for the
+// next proposal to take it along, or for its timer. And when its timer
+// fires while a round is in flight, that round's end sends it at once.
+func TestServer_QueueEntryDuringARoundWaitsForTheNextRelease(t *testing.T) {
+	s := startNode(t)
+	ctx := t.Context()
+	a, err := s.acquire(ctx, acquireIn{key: "k", owner: "owner-a-000000", ttl: time.Minute}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		out acquireOut
+		err error
+	}
+	b := &s.proposer
+	// A round is in flight (as if a release were being written).
+	b.mu.Lock()
+	b.busy = true
+	b.queueDefer = time.Hour
+	b.mu.Unlock()
+	before := s.raft.LastIndex()
+	got := make(chan result, 1)
+	go func() {
+		out, err := s.acquire(ctx, acquireIn{key: "k", owner: "owner-b-000000", ttl: time.Minute, wait: true}, nil, nil)
+		got <- result{out, err}
+	}()
+	pollUntil(t, 10*time.Second, "b's proposal queued", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.queue) == 1
+	})
+	// The round ends: b's lone deferred proposal stays queued, its timer set.
+	if next := s.nextRound(); next != nil {
+		t.Fatalf("the round's end sent %d deferred proposals alone", len(next))
+	}
+	b.mu.Lock()
+	busy, queued, armed := b.busy, len(b.queue), b.deferArmed
+	b.queueDefer = 0
+	b.mu.Unlock()
+	if busy || queued != 1 || !armed {
+		t.Fatalf("after the round: busy=%v, %d queued, timer armed=%v; want idle, 1, armed", busy, queued, armed)
+	}
+	next, err := s.release("k", a.owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := <-got
+	if r.err != nil || r.out.fence != next || next == 0 {
+		t.Fatalf("b: %+v %v; release handed fence %d", r.out, r.err, next)
+	}
+	if after := s.raft.LastIndex(); after != before+1 {
+		t.Fatalf("the queue entry and the release took entries %d..%d, want one", before+1, after)
+	}
+
+	// The timer fires while a round is in flight: that round's end sends it.
+	b.mu.Lock()
+	b.busy = true
+	b.queueDefer = time.Millisecond
+	b.mu.Unlock()
+	cGot := make(chan result, 1)
+	go func() {
+		out, err := s.acquire(ctx, acquireIn{key: "k", owner: "owner-c-000000", ttl: time.Minute, wait: true}, nil, nil)
+		cGot <- result{out, err}
+	}()
+	pollUntil(t, 10*time.Second, "c's proposal queued", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.queue) == 1
+	})
+	b.mu.Lock()
+	armed = b.deferArmed
+	b.mu.Unlock()
+	if armed {
+		t.Fatal("a deferred proposal queued during a round set its timer")
+	}
+	// Its timer: armed only once no round is in flight; simulate the firing
+	// during a round, as sendDeferred sees it.
+	s.sendDeferred()
+	b.mu.Lock()
+	due := b.deferDue
+	b.mu.Unlock()
+	if !due {
+		t.Fatal("a timer that fired during a round did not mark the queue due")
+	}
+	round := s.nextRound()
+	if len(round) != 1 {
+		t.Fatalf("the round's end took %d proposals, want c's", len(round))
+	}
+	s.sendRounds(round) // what the round's goroutine does next
+	b.mu.Lock()
+	busy, b.queueDefer = b.busy, 0
+	b.mu.Unlock()
+	if busy {
+		t.Fatal("the proposer stayed busy with nothing queued")
+	}
+	next, err = s.release("k", "owner-b-000000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := <-cGot; r.err != nil || r.out.fence != next || next == 0 {
+		t.Fatalf("c: %+v %v; release handed fence %d", r.out, r.err, next)
+	}
+}

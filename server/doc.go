@@ -343,10 +343,13 @@
 // One kind of proposal waits for company: an acquisition with wait of a
 // key that is held (it will most likely queue, and its caller waits for
 // the holder's release anyway) does not start a round alone; it goes with
-// the next proposal, or after 2 ms when none comes. In a handoff loop the
-// previous holder's new queue entry otherwise took an fsync of its own
-// that the next release waited behind: two disk writes per handoff, now
-// about one (BenchmarkHandoff's entries/handoff). A release, a try and a
+// the next proposal, or after 2 ms when none comes. Nor does it when it
+// was proposed while a round was in flight: that round's end sends the
+// queue only when it holds a proposal that does not wait (or a deferred
+// one whose 2 ms ran out meanwhile). In a handoff loop the previous
+// holder's new queue entry otherwise took an fsync of its own that the
+// next release waited behind: two disk writes per handoff, now about one
+// (BenchmarkHandoff's entries/handoff). A release, a try and a
 // wait for a free key never wait; a queue entry is acknowledged only
 // once committed, as before.
 //

@@ -52,6 +52,13 @@ type proposer struct {
 	// that nothing else took along; deferArmed: it is set to fire.
 	deferTimer *time.Timer
 	deferArmed bool
+	// eager counts the queued proposals that are not deferred: a round
+	// that ends with only deferred proposals queued does not send them
+	// (they wait for the next proposal, or their timer); deferDue: their
+	// timer fired while a round was in flight, so the next round sends
+	// them whatever else is queued.
+	eager      int
+	deferDue   bool
 	queueDefer time.Duration // 0: maxQueueDefer (tests set it)
 	// entries and commands count what was written (tests).
 	entries, commands uint64
@@ -87,17 +94,11 @@ func (s *Server) proposeWith(c *command, deferred bool) (applyResult, error) {
 	case b.busy || deferred:
 		p.done = make(chan struct{})
 		b.queue = append(b.queue, p)
-		if !b.busy && !b.deferArmed {
-			b.deferArmed = true
-			d := b.queueDefer
-			if d == 0 {
-				d = maxQueueDefer
-			}
-			if b.deferTimer == nil {
-				b.deferTimer = time.AfterFunc(d, s.sendDeferred)
-			} else {
-				b.deferTimer.Reset(d)
-			}
+		if !deferred {
+			b.eager++
+		}
+		if !b.busy {
+			b.armDefer(s)
 		}
 		b.mu.Unlock()
 		<-p.done
@@ -128,27 +129,58 @@ func (s *Server) sendDeferred() {
 	b := &s.proposer
 	b.mu.Lock()
 	b.deferArmed = false
-	if b.busy || len(b.queue) == 0 {
+	if b.busy {
+		// The round in flight sends them when it ends (nextRound).
+		b.deferDue = len(b.queue) > 0
 		b.mu.Unlock()
 		return
 	}
-	q := b.queue
-	b.queue = nil
+	if len(b.queue) == 0 {
+		b.mu.Unlock()
+		return
+	}
+	q := b.takeQueue()
 	b.busy = true
 	b.mu.Unlock()
 	s.sendRounds(q)
 }
 
-// nextRound takes the queue, or ends the busy state when it is empty.
+// nextRound takes the queue, or ends the busy state when it is empty or
+// holds only deferred proposals whose time has not come: those keep
+// waiting for the next proposal to take them along (or for their timer),
+// so that a queue entry made during a release's round rides with the next
+// release instead of taking a round, and an fsync, alone that the release
+// would then wait behind.
 func (s *Server) nextRound() []*proposal {
 	b := &s.proposer
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if len(b.queue) == 0 {
+	if len(b.queue) == 0 || (b.eager == 0 && !b.deferDue) {
 		b.busy = false
+		if len(b.queue) > 0 {
+			b.armDefer(s)
+		}
 		return nil
 	}
 	return b.takeQueue()
+}
+
+// armDefer sets the timer that sends the queued deferred proposals
+// (sendDeferred) unless it is set already; with b.mu held.
+func (b *proposer) armDefer(s *Server) {
+	if b.deferArmed {
+		return
+	}
+	b.deferArmed = true
+	d := b.queueDefer
+	if d == 0 {
+		d = maxQueueDefer
+	}
+	if b.deferTimer == nil {
+		b.deferTimer = time.AfterFunc(d, s.sendDeferred)
+	} else {
+		b.deferTimer.Reset(d)
+	}
 }
 
 // takeQueue empties the queue for a round and disarms the timer of
@@ -156,6 +188,7 @@ func (s *Server) nextRound() []*proposal {
 func (b *proposer) takeQueue() []*proposal {
 	q := b.queue
 	b.queue = nil
+	b.eager, b.deferDue = 0, false
 	if b.deferArmed && b.deferTimer.Stop() {
 		b.deferArmed = false
 	}
