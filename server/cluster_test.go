@@ -355,7 +355,9 @@ func TestCluster_JoinOneThreeFiveAndRemove(t *testing.T) {
 	}
 	waitUntil(t, "4 voters", func() bool { return voters(nodes[l].server()) == strings.Join(want, ",") })
 
-	// Status from a follower, over gRPC and HTTP.
+	// Status from a follower, over gRPC and HTTP, once the follower has
+	// applied the removal too (the leader's configuration changes first).
+	waitUntil(t, "4 voters on the follower", func() bool { return voters(nodes[f].server()) == strings.Join(want, ",") })
 	st, err := dlockv1.NewClusterClient(dial(t, nodes[f].cfg.Listen)).Status(ctx, &dlockv1.ClusterStatusRequest{})
 	if err != nil {
 		t.Fatal(err)
