@@ -376,6 +376,7 @@ type Driver struct {
 	noSession   bool                       // no Session loop (Options.NoSession)
 	waiting     atomic.Int32               // Waits queued now (the Session loop probes the leader more often)
 	waitStarted chan struct{}              // poked (never blocking) when a Wait starts
+	handedOn    handedOnKeys               // keys this Driver's releases handed to a waiter (wait.go)
 }
 
 var (
@@ -771,15 +772,20 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 		return fmt.Errorf("dlockd: release: %w", err)
 	}
 	rreq := &dlockv1.ReleaseRequest{Key: key, Owner: owner}
-	_, fallback, sent, err := d.invoke(ctx, &dlockv1.SessionRequest{Call: &dlockv1.SessionRequest_Release{Release: rreq}})
+	sresp, fallback, sent, err := d.invoke(ctx, &dlockv1.SessionRequest{Call: &dlockv1.SessionRequest_Release{Release: rreq}})
+	next := sresp.GetRelease().GetNextFence()
 	retried := false
 	if fallback {
 		var res callResult
 		res, err = d.call(ctx, callOpts{}, func(ctx context.Context, c dlockv1.LockClient) error {
-			_, err := c.Release(ctx, rreq)
+			r, err := c.Release(ctx, rreq)
+			next = r.GetNextFence()
 			return err
 		})
 		retried = sent || res.retried
+	}
+	if err == nil && next != 0 {
+		d.handedOn.note(key)
 	}
 	if err != nil {
 		err = mapErr(ctx, "release", key, err)

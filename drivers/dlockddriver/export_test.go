@@ -24,3 +24,7 @@ func SetWatchMoveHook(f func(session, addr string)) (restore func()) {
 // SharedConns returns how many shared gRPC connections the process has open
 // (connshare.go).
 func SharedConns() int { return sharedConns() }
+
+// SessionOpen reports whether d's Session stream is open (its calls go on
+// it rather than as unary RPCs).
+func SessionOpen(d *Driver) bool { return d.calls.Load() != nil }

@@ -63,8 +63,10 @@ func (d *Driver) wait(ctx context.Context, req driver.AcquireRequest, k grantKin
 	if err := driver.CheckRequest(req); err != nil {
 		return driver.Grant{}, fmt.Errorf("dlockd: wait: %w", err)
 	}
-	if g, settled, err := d.tryFirst(ctx, req, k); settled {
-		return g, err
+	if !d.handedOn.take(req.Key) {
+		if g, settled, err := d.tryFirst(ctx, req, k); settled {
+			return g, err
+		}
 	}
 	for {
 		if d.isClosed() {
@@ -110,7 +112,9 @@ func (d *Driver) wait(ctx context.Context, req driver.AcquireRequest, k grantKin
 // system calls on each side). A refused try costs the server no disk
 // write and takes no place: a key with a queue is never free (a release
 // hands it to the head waiter in the same entry), so trying first cannot
-// overtake a waiter.
+// overtake a waiter. It is skipped when this Driver's release of the key
+// handed it to a waiter less than handedOnFor ago (handedOnKeys): the key
+// is then held, and the try would only be refused.
 //
 // settled reports that the try decided the acquisition: a grant, or an
 // error that queueing would meet too (an invalid request, a permission or
@@ -148,6 +152,53 @@ func (d *Driver) tryFirst(ctx context.Context, req driver.AcquireRequest, k gran
 		return driver.Grant{}, false, nil
 	}
 	return driver.Grant{}, true, merr
+}
+
+// handedOnKeys remembers the keys whose release by this Driver handed them
+// to a waiter (ReleaseResponse.next_fence), for handedOnFor: a wait for
+// such a key soon after finds it held by that waiter, so tryFirst's
+// try-acquire would be refused (a round trip, and the server's work, for
+// nothing, once per handoff in a queue of waiters that take turns) and the
+// wait queues at once instead. Skipping the try is always safe: a wait on a
+// free key is granted at once. At most maxHandedOn keys are kept (any one
+// is dropped when full: the cost of a miss is one try).
+type handedOnKeys struct {
+	mu   sync.Mutex
+	keys map[string]time.Time // key -> when its release handed it on
+}
+
+const (
+	handedOnFor = time.Second
+	maxHandedOn = 256
+)
+
+// note records that a release of key just handed it to a waiter.
+func (h *handedOnKeys) note(key string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.keys == nil {
+		h.keys = make(map[string]time.Time)
+	}
+	if _, ok := h.keys[key]; !ok && len(h.keys) >= maxHandedOn {
+		for k := range h.keys {
+			delete(h.keys, k)
+			break
+		}
+	}
+	h.keys[key] = time.Now()
+}
+
+// take reports whether a release of key handed it on within handedOnFor,
+// and forgets it.
+func (h *handedOnKeys) take(key string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	at, ok := h.keys[key]
+	if !ok {
+		return false
+	}
+	delete(h.keys, key)
+	return time.Since(at) < handedOnFor
 }
 
 // claimMargin is how much longer than the claim window Wait waits for the
