@@ -66,12 +66,40 @@ func StartEtcdCluster(t TB, n int) *EtcdCluster {
 // StartEtcdClusterWith is StartEtcdCluster with options: with o.Gated,
 // the members' peer links run through gates that Partition, Isolate and
 // Heal control. A gate that cannot listen fails the test.
+//
+// A member that exits before it is healthy (most often a port that
+// FreePort found free and another process took before etcd listened on
+// it) fails that attempt: its members are stopped and the cluster is
+// started again on fresh ports and data dirs, up to startAttempts times in
+// all; the test fails with the last attempt's error.
 func StartEtcdClusterWith(t TB, n int, o EtcdClusterOptions) *EtcdCluster {
 	t.Helper()
 	if n < 1 || n > 9 {
 		t.Fatalf("testservers: etcd cluster of %d members: want 1 to 9", n)
 	}
 	bin := Binary(t, "etcd", "apt-get install etcd-server (make test installs it)", "/usr/lib/etcd", "/usr/local/bin")
+	const startAttempts = 3
+	var err error
+	for attempt := 1; attempt <= startAttempts; attempt++ {
+		var c *EtcdCluster
+		if c, err = startEtcdClusterOnce(t, bin, n, o); err == nil {
+			return c
+		}
+		if attempt < startAttempts {
+			t.Logf("testservers: etcd cluster of %d, attempt %d of %d: %v; starting it again on fresh ports", n, attempt, startAttempts, err)
+		}
+	}
+	t.Fatalf("testservers: %v", err)
+	return nil
+}
+
+// beforeEtcdClusterStart, tests only: called with each attempt's cluster
+// (ports chosen, nothing started) before its members start.
+var beforeEtcdClusterStart func(c *EtcdCluster)
+
+// startEtcdClusterOnce makes one attempt of StartEtcdClusterWith. On an
+// error it has stopped every member it started (and closed the gates).
+func startEtcdClusterOnce(t TB, bin string, n int, o EtcdClusterOptions) (*EtcdCluster, error) {
 	dir := t.TempDir()
 	c := &EtcdCluster{t: t, bin: bin, token: fmt.Sprintf("dlocktest-%d", time.Now().UnixNano())}
 	for i := range n {
@@ -102,27 +130,58 @@ func StartEtcdClusterWith(t TB, n int, o EtcdClusterOptions) *EtcdCluster {
 		c.gates = g
 		t.Cleanup(func() { g.Close() }) // after the members stop (cleanups run last first)
 	}
-	t.Cleanup(func() {
+	stopAll := func() {
 		for _, m := range c.members {
 			m.stop()
+		}
+	}
+	failed := false
+	t.Cleanup(func() {
+		stopAll()
+		if failed {
+			return // its logs went with its error
 		}
 		for _, m := range c.members {
 			logTailOnFailure(t, "etcd "+m.name, m.logPath)
 		}
 	})
+	fail := func(err error) (*EtcdCluster, error) {
+		failed = true
+		stopAll()
+		if c.gates != nil {
+			c.gates.Close()
+		}
+		for _, m := range c.members {
+			if b, rerr := os.ReadFile(m.logPath); rerr == nil && len(b) > 0 {
+				t.Logf("testservers: etcd %s's log (failed start):\n%s", m.name, tail(string(b), 2000))
+			}
+		}
+		return nil, err
+	}
+	if beforeEtcdClusterStart != nil {
+		beforeEtcdClusterStart(c)
+	}
 	// Every member must be started before any can become healthy (the
 	// first start waits for a quorum).
 	for i := range c.members {
 		if err := c.start(i, "new"); err != nil {
-			t.Fatalf("testservers: %v", err)
+			return fail(err)
 		}
 	}
 	for i, m := range c.members {
 		if err := waitEtcdHealthy(m.clientURL()+"/health", m.process(), 30*time.Second); err != nil {
-			t.Fatalf("testservers: etcd member %d: %v (log: %s)", i+1, err, m.logPath)
+			return fail(fmt.Errorf("etcd member %d: %w (log: %s)", i+1, err, m.logPath))
 		}
 	}
-	return c
+	return c, nil
+}
+
+// tail returns the last n bytes of s.
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "..." + s[len(s)-n:]
 }
 
 func (m *etcdMember) clientURL() string { return fmt.Sprintf("http://127.0.0.1:%d", m.clientPort) }
