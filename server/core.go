@@ -259,34 +259,49 @@ func (s *Server) validateAcquire(in *acquireIn) error {
 // hand-off cost about 5% of uncontended throughput.
 // TestLoad_ParkedStreamStacks measures it.
 func (s *Server) acquire(ctx context.Context, in acquireIn, cancel <-chan struct{}, onQueued func(int)) (acquireOut, error) {
-	var q *queuedAcquire
-	var out acquireOut
-	var err error
-	begin := func() {
-		q, out, err = s.beginAcquire(ctx, in)
-		if err == nil && q != nil && onQueued != nil {
-			defer func() {
-				if p := recover(); p != nil {
-					// awaitGrant will not run: leave nothing behind (the
-					// wait registration, the queue entry or a grant that
-					// raced), then let the caller's recovery answer.
-					s.waits.remove(q.ko, q.w)
-					_ = s.undo(q.ko)
-					panic(p)
-				}
-			}()
-			onQueued(q.position)
-		}
-	}
 	if in.wait && s.fsm.wouldRefuse(in.key, in.owner, in.shared, int(in.limit)) {
-		s.calls.do(begin) // likely to queue: park small
-	} else {
-		begin() // likely granted at once: no hand-off (a race that queues it parks on a larger stack)
+		return s.acquireParked(ctx, in, cancel, onQueued) // likely to queue: park small
 	}
+	// Likely granted at once: no hand-off (a race that queues it parks on
+	// a larger stack), and no closure, so nothing of this path escapes to
+	// the heap.
+	q, out, err := s.beginAndNotify(ctx, in, onQueued)
 	if err != nil || q == nil {
 		return out, err
 	}
 	return s.awaitGrant(ctx, q, cancel)
+}
+
+// acquireParked is acquire for a request that will likely queue: its first
+// part runs on a pooled worker (see acquire).
+func (s *Server) acquireParked(ctx context.Context, in acquireIn, cancel <-chan struct{}, onQueued func(int)) (acquireOut, error) {
+	var q *queuedAcquire
+	var out acquireOut
+	var err error
+	s.calls.do(func() { q, out, err = s.beginAndNotify(ctx, in, onQueued) })
+	if err != nil || q == nil {
+		return out, err
+	}
+	return s.awaitGrant(ctx, q, cancel)
+}
+
+// beginAndNotify is beginAcquire, then onQueued (when not nil) with the
+// queue position of a queued request. A panic of onQueued leaves nothing
+// behind (the wait registration, the queue entry or a grant that raced:
+// awaitGrant will not run) and goes on to the caller's recovery.
+func (s *Server) beginAndNotify(ctx context.Context, in acquireIn, onQueued func(int)) (*queuedAcquire, acquireOut, error) {
+	q, out, err := s.beginAcquire(ctx, in)
+	if err == nil && q != nil && onQueued != nil {
+		defer func() {
+			if p := recover(); p != nil {
+				s.waits.remove(q.ko, q.w)
+				_ = s.undo(q.ko)
+				panic(p)
+			}
+		}()
+		onQueued(q.position)
+	}
+	return q, out, err
 }
 
 // queuedAcquire is an acquisition that beginAcquire queued: its wait entry
@@ -344,11 +359,15 @@ func (s *Server) beginAcquire(ctx context.Context, in acquireIn) (*queuedAcquire
 		ttl: in.ttl, lockDelay: in.lockDelay, wait: in.wait, shared: in.shared, limit: uint64(in.limit),
 		maxWaiters: uint64(s.cfg.MaxWaitersPerKey), maxLeases: uint64(s.cfg.MaxLeases), maxTotalWaiters: uint64(s.cfg.MaxWaiters),
 	}
-	propose := s.propose
+	// A direct call (not through a func value), so that c stays on the
+	// stack.
+	var r applyResult
+	var err error
 	if in.wait && s.fsm.wouldRefuse(in.key, in.owner, in.shared, int(in.limit)) {
-		propose = s.proposeQueued // it will likely queue: ride with the next entry (propose.go)
+		r, err = s.proposeQueued(c) // it will likely queue: ride with the next entry (propose.go)
+	} else {
+		r, err = s.propose(c)
 	}
-	r, err := propose(c)
 	if err != nil {
 		return nil, acquireOut{}, err
 	}

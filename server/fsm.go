@@ -233,7 +233,11 @@ func isBatch(b []byte) bool { return len(b) > 0 && b[0] == batchVersion }
 // above what the bytes can hold, a command that does not decode (a batch
 // in the batch among them), or bytes after the last command. It never
 // returns part of a batch.
-func decodeBatch(b []byte) ([]command, error) {
+func decodeBatch(b []byte) ([]command, error) { return decodeBatchInto(b, nil) }
+
+// decodeBatchInto is decodeBatch, decoding into buf's array when it has
+// room for the entry's commands.
+func decodeBatchInto(b []byte, buf []command) ([]command, error) {
 	d := dec{b: b}
 	if d.byte1() != batchVersion || opcode(d.byte1()) != opBatch {
 		return nil, errCorrupt
@@ -242,7 +246,10 @@ func decodeBatch(b []byte) ([]command, error) {
 	if d.err != nil || n == 0 || n > maxBatchCommands || n > uint64(len(d.b))/3 { // each command takes a length and at least 2 bytes
 		return nil, errCorrupt
 	}
-	cs := make([]command, 0, n)
+	cs := buf[:0]
+	if uint64(cap(cs)) < n {
+		cs = make([]command, 0, n)
+	}
 	for i := uint64(0); i < n; i++ {
 		l := d.u64()
 		if d.err != nil || l > uint64(len(d.b)) {
@@ -689,7 +696,20 @@ type fsm struct {
 
 	appliedMu   sync.Mutex
 	appliedWake chan struct{} // closed and replaced after each batch
+
+	// applyMu serialises ApplyBatch calls (Raft makes them from one
+	// goroutine; tests may not) for its scratch buffers: the commands a
+	// batch entry decodes to and the events of a batch, reused from one
+	// call to the next (while at most maxScratch long) instead of
+	// allocated per entry. Nothing keeps a pointer into them: commands are
+	// read by apply, events copied by every observer that keeps one.
+	applyMu sync.Mutex
+	cmdBuf  []command
+	evBuf   []event
 }
+
+// maxScratch bounds the scratch buffers an FSM keeps between batches.
+const maxScratch = 1024
 
 func newKeyIndex() *btree.BTreeG[string] {
 	return btree.NewG(32, func(a, b string) bool { return a < b })
@@ -779,8 +799,10 @@ func (f *fsm) Apply(l *raft.Log) interface{} {
 // applyResult per entry, a batchResult for a batch entry (nil for
 // configuration entries).
 func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
+	f.applyMu.Lock()
+	defer f.applyMu.Unlock()
 	out := make([]interface{}, len(logs))
-	var evs []event
+	evs := f.evBuf[:0]
 	var bad []badEntry
 	f.mu.Lock()
 	for i, l := range logs {
@@ -805,6 +827,10 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 				rs[j], evs = f.apply(l.Index, &cs[j], evs)
 			}
 			out[i] = rs
+			if cap(cs) <= maxScratch {
+				clear(cs) // no strings kept alive until the next batch
+				f.cmdBuf = cs[:0]
+			}
 			continue
 		}
 		c, err := decodeCommand(l.Data)
@@ -820,6 +846,12 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 	f.mu.Unlock()
 	if len(evs) > 0 && f.obs != nil {
 		f.obs.lockEvents(evs)
+	}
+	if cap(evs) <= maxScratch {
+		clear(evs)
+		f.evBuf = evs[:0]
+	} else {
+		f.evBuf = nil
 	}
 	if f.obs != nil {
 		for _, b := range bad {
@@ -839,7 +871,9 @@ func (f *fsm) decodeBatchEntry(b []byte) ([]command, error) {
 	if f.beforeBatches.Load() {
 		return nil, errCorrupt
 	}
-	return decodeBatch(b)
+	buf := f.cmdBuf
+	f.cmdBuf = nil // until ApplyBatch gives it back
+	return decodeBatchInto(b, buf)
 }
 
 // badEntry is a committed command entry that did not decode.

@@ -35,13 +35,20 @@ const (
 // waits for another proposal to ride with when nothing else is proposed.
 const maxQueueDefer = 2 * time.Millisecond
 
-// proposal is one command waiting for its entry to be applied.
+// proposal is one command waiting for its entry to be applied. Proposals
+// are reused (proposalPool): nothing may touch one after its done signal.
 type proposal struct {
-	data []byte // the command's plain encoding
+	data []byte // the command's plain encoding (never reused: Raft keeps it)
 	res  applyResult
 	err  error
-	done chan struct{} // closed when res or err is set (nil: its caller sends the round itself)
+	// queued: its caller waits on done, which the round that carries it
+	// signals once res or err is set (false: its caller sends the round
+	// itself). done has room for that one signal.
+	queued bool
+	done   chan struct{}
 }
+
+var proposalPool = sync.Pool{New: func() any { return &proposal{done: make(chan struct{}, 1)} }}
 
 // proposer is the batcher's state.
 type proposer struct {
@@ -87,12 +94,13 @@ func (s *Server) proposeQueued(c *command) (applyResult, error) {
 
 func (s *Server) proposeWith(c *command, deferred bool) (applyResult, error) {
 	start := time.Now()
-	p := &proposal{data: c.encode()}
+	p := proposalPool.Get().(*proposal)
+	p.data = c.encode()
 	b := &s.proposer
 	b.mu.Lock()
 	switch {
 	case b.busy || deferred:
-		p.done = make(chan struct{})
+		p.queued = true
 		b.queue = append(b.queue, p)
 		if !deferred {
 			b.eager++
@@ -116,11 +124,14 @@ func (s *Server) proposeWith(c *command, deferred bool) (applyResult, error) {
 			go s.sendRounds(next)
 		}
 	}
-	if p.err != nil {
-		return applyResult{}, p.err
+	res, err := p.res, p.err
+	*p = proposal{done: p.done}
+	proposalPool.Put(p)
+	if err != nil {
+		return applyResult{}, err
 	}
 	s.metrics.applySeconds.Observe(time.Since(start).Seconds())
-	return p.res, nil
+	return res, nil
 }
 
 // sendDeferred starts a round for the deferred proposals that no other
@@ -250,8 +261,8 @@ func (s *Server) sendRound(ps []*proposal) {
 			default:
 				p.res = rs[i]
 			}
-			if p.done != nil {
-				close(p.done)
+			if p.queued {
+				p.done <- struct{}{} // p is its caller's from here
 			}
 		}
 	}
