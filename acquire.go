@@ -33,6 +33,9 @@ func (l *Locker) acquire(ctx context.Context, key string, wait bool, o options) 
 	if err := ValidateKey(key); err != nil {
 		return nil, l.wrap("acquire", key, err)
 	}
+	if ctx == nil {
+		return nil, l.wrap("acquire", key, errNilContext)
+	}
 	if err := validateOptions(o); err != nil {
 		return nil, l.wrap("acquire", key, err)
 	}

@@ -245,6 +245,9 @@ type Locker struct {
 // configuration the driver refuses. So bad configuration is never taken for
 // an outage (WithFailOpen degrades only on ErrUnavailable).
 func Open(ctx context.Context, rawURL string, opts ...Option) (*Locker, error) {
+	if ctx == nil {
+		return nil, fmt.Errorf("dlock: open: %w", errNilContext)
+	}
 	u, err := parseStoreURL(rawURL)
 	if err != nil {
 		return nil, fmt.Errorf("dlock: open: %w", err)
@@ -295,8 +298,9 @@ func WithStoreName(name string) Option {
 func New(d driver.Driver, opts ...Option) *Locker {
 	o := defaultOptions()
 	o.storeName = "store"
-	for _, opt := range opts {
-		opt(&o)
+	o.apply(opts)
+	if d == nil {
+		d = nilDriver{}
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	return &Locker{
@@ -346,6 +350,9 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...Option) (*L
 // and releases the lease when fn returns or panics. It returns fn's error;
 // when the lease was lost while fn ran, the error also matches ErrLeaseLost.
 func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context) error, opts ...Option) (err error) {
+	if fn == nil {
+		return l.wrap("acquire", key, fmt.Errorf("%w: Do was given a nil function", ErrInvalidArgument))
+	}
 	lease, err := l.Acquire(ctx, key, opts...)
 	if err != nil {
 		return err
@@ -376,6 +383,9 @@ func (l *Locker) Inspect(ctx context.Context, key string) (HolderInfo, error) {
 	if err := ValidateKey(key); err != nil {
 		return HolderInfo{}, l.wrap("inspect", key, err)
 	}
+	if ctx == nil {
+		return HolderInfo{}, l.wrap("inspect", key, errNilContext)
+	}
 	in, ok := l.drv.(driver.Inspector)
 	if !ok {
 		return HolderInfo{}, l.wrap("inspect", key, ErrUnsupported)
@@ -393,8 +403,18 @@ func (l *Locker) Inspect(ctx context.Context, key string) (HolderInfo, error) {
 }
 
 // List returns the held keys that start with prefix, sorted by key, or
-// ErrUnsupported when the store cannot list.
+// ErrUnsupported when the store cannot list. A prefix must be valid UTF-8
+// without NUL and at most MaxKeyBytes long, as keys are ("" lists every
+// key); any other fails with ErrInvalidKey before the store is asked.
 func (l *Locker) List(ctx context.Context, prefix string) ([]HolderInfo, error) {
+	if prefix != "" {
+		if err := ValidateKey(prefix); err != nil {
+			return nil, l.wrap("list", prefix, fmt.Errorf("prefix: %w", err))
+		}
+	}
+	if ctx == nil {
+		return nil, l.wrap("list", prefix, errNilContext)
+	}
 	in, ok := l.drv.(driver.Inspector)
 	if !ok {
 		return nil, l.wrap("list", prefix, ErrUnsupported)
@@ -420,6 +440,9 @@ func (l *Locker) ForceRelease(ctx context.Context, key, reason string) (HolderIn
 	if strings.TrimSpace(reason) == "" {
 		return HolderInfo{}, l.wrap("force-release", key, fmt.Errorf("%w: a reason is required", ErrInvalidArgument))
 	}
+	if ctx == nil {
+		return HolderInfo{}, l.wrap("force-release", key, errNilContext)
+	}
 	fr, ok := l.drv.(driver.ForceReleaser)
 	if !ok {
 		return HolderInfo{}, l.wrap("force-release", key, fmt.Errorf("%w: the store has no force release", ErrUnsupported))
@@ -427,6 +450,9 @@ func (l *Locker) ForceRelease(ctx context.Context, key, reason string) (HolderIn
 	octx, cancel := l.opContext(ctx, l.opts)
 	defer cancel()
 	info, err := fr.ForceRelease(octx, key, reason)
+	if errors.Is(err, ErrNotAcquired) {
+		return HolderInfo{}, l.wrap("force-release", key, notHeldError("key is free: nothing to release"))
+	}
 	if err != nil {
 		return HolderInfo{}, l.classify("force-release", key, ctx, err)
 	}
@@ -483,9 +509,7 @@ func (l *Locker) Close() error {
 
 func (l *Locker) callOptions(opts []Option) options {
 	o := l.opts
-	for _, opt := range opts {
-		opt(&o)
-	}
+	o.apply(opts)
 	return o
 }
 
@@ -512,6 +536,9 @@ func ValidateTTL(ttl time.Duration) error {
 }
 
 func validateOptions(o options) error {
+	if o.bad != nil {
+		return o.bad
+	}
 	if err := ValidateTTL(o.ttl); err != nil {
 		return err
 	}
@@ -523,6 +550,12 @@ func validateOptions(o options) error {
 	}
 	if o.retrySet && o.retryFor < 0 {
 		return fmt.Errorf("%w: retry budget %v is negative", ErrInvalidArgument, o.retryFor)
+	}
+	if o.backoffMin > o.backoffMax {
+		return fmt.Errorf("%w: backoff min %v is above its max %v", ErrInvalidArgument, o.backoffMin, o.backoffMax)
+	}
+	if o.heartbeat < 0 {
+		return fmt.Errorf("%w: heartbeat %v is negative", ErrInvalidTTL, o.heartbeat)
 	}
 	hb := o.effectiveHeartbeat()
 	if hb < MinHeartbeat {
@@ -605,3 +638,20 @@ func ctxEnded(ctx context.Context) error {
 	}
 	return nil
 }
+
+// errNilContext is the error of a call given a nil context.
+var errNilContext = fmt.Errorf("%w: a nil context (pass context.Background() for none)", ErrInvalidArgument)
+
+// nilDriver stands in for the nil driver given to New: every call fails
+// with ErrInvalidArgument (so the Locker is usable, and says what is wrong,
+// rather than panicking at its first call).
+type nilDriver struct{}
+
+var errNilDriver = fmt.Errorf("%w: dlock.New was given a nil driver", ErrInvalidArgument)
+
+func (nilDriver) TryAcquire(context.Context, driver.AcquireRequest) (driver.Grant, error) {
+	return driver.Grant{}, errNilDriver
+}
+func (nilDriver) Renew(context.Context, string, string, time.Duration) error { return errNilDriver }
+func (nilDriver) Release(context.Context, string, string) error              { return errNilDriver }
+func (nilDriver) Close() error                                               { return nil }

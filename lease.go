@@ -221,7 +221,16 @@ func (ls *Lease) Context() context.Context { return ls.ctx }
 // store); ErrUnavailable when the store could not be asked (the grant then
 // expires by its TTL); ErrClosed when the Locker was closed. Calling it
 // again, or concurrently, waits for the first call and returns its result.
+//
+// A nil ctx counts as context.Background(). Release of a nil *Lease, or of
+// one not made by a Locker (a zero Lease), returns ErrInvalidArgument.
 func (ls *Lease) Release(ctx context.Context) error {
+	if ls == nil || ls.locker == nil {
+		return fmt.Errorf("dlock: release: %w: not a lease made by a Locker (nil or zero Lease)", ErrInvalidArgument)
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
 	return ls.end(ctx, ErrReleased)
 }
 

@@ -1,6 +1,7 @@
 package dlock
 
 import (
+	"fmt"
 	"time"
 )
 
@@ -40,6 +41,28 @@ type options struct {
 	storeName  string
 	storeAddr  string        // the store's redacted URL, for error messages (Open)
 	maxHold    time.Duration // 0: no bound (WithMaxHold)
+	// bad is the first invalid option given (a nil Option, a negative op
+	// timeout, backoff bounds out of order): validateOptions returns it,
+	// so the acquisition fails before any store call.
+	bad error
+}
+
+// apply applies opts to o in order, recording a nil Option in o.bad.
+func (o *options) apply(opts []Option) {
+	for _, opt := range opts {
+		if opt == nil {
+			o.invalid(fmt.Errorf("%w: a nil Option", ErrInvalidArgument))
+			continue
+		}
+		opt(o)
+	}
+}
+
+// invalid records err as o's first invalid option.
+func (o *options) invalid(err error) {
+	if o.bad == nil {
+		o.bad = err
+	}
 }
 
 func defaultOptions() options {
@@ -60,9 +83,9 @@ func defaultOptions() options {
 func WithTTL(ttl time.Duration) Option { return func(o *options) { o.ttl = ttl } }
 
 // WithHeartbeat sets the interval between renewals. Zero value: TTL/3. An
-// interval shorter than MinHeartbeat (10 ms), or not shorter than the TTL
-// minus drift (the lease would lapse between renewals), fails the
-// acquisition with ErrInvalidTTL.
+// interval shorter than MinHeartbeat (10 ms), negative ones included, or
+// not shorter than the TTL minus drift (the lease would lapse between
+// renewals), fails the acquisition with ErrInvalidTTL.
 func WithHeartbeat(interval time.Duration) Option {
 	return func(o *options) { o.heartbeat = interval }
 }
@@ -77,9 +100,14 @@ func WithDrift(drift time.Duration) Option { return func(o *options) { o.drift =
 // attempts of Acquire on stores that cannot queue waiters, and between
 // retries of transient store errors (WithRetryFor): the n-th sleep is
 // uniform in [0, min(max, min·2ⁿ)). Zero values keep the defaults (5 ms and
-// 1 s).
+// 1 s). A negative bound, or a min above the max (after the defaults are
+// filled in), fails the acquisition with ErrInvalidArgument.
 func WithBackoff(min, max time.Duration) Option {
 	return func(o *options) {
+		if min < 0 || max < 0 {
+			o.invalid(fmt.Errorf("%w: backoff bounds %v and %v: negative", ErrInvalidArgument, min, max))
+			return
+		}
 		if min > 0 {
 			o.backoffMin = min
 		}
@@ -91,10 +119,14 @@ func WithBackoff(min, max time.Duration) Option {
 
 // WithOpTimeout bounds each store round trip (one attempt, one renewal, one
 // release). Past it the store counts as unavailable. Zero value:
-// DefaultOpTimeout (5 s).
+// DefaultOpTimeout (5 s). A negative d fails the acquisition with
+// ErrInvalidArgument.
 func WithOpTimeout(d time.Duration) Option {
 	return func(o *options) {
-		if d > 0 {
+		switch {
+		case d < 0:
+			o.invalid(fmt.Errorf("%w: op timeout %v is negative", ErrInvalidArgument, d))
+		case d > 0:
 			o.opTimeout = d
 		}
 	}

@@ -163,6 +163,9 @@ func (l *Locker) Resume(ctx context.Context, tok LeaseToken, opts ...Option) (le
 	if err := tok.Check(); err != nil {
 		return nil, l.wrap("resume", tok.Key, err)
 	}
+	if ctx == nil {
+		return nil, l.wrap("resume", tok.Key, errNilContext)
+	}
 	if err := validateOptions(o); err != nil {
 		return nil, l.wrap("resume", tok.Key, err)
 	}

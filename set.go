@@ -3,6 +3,7 @@ package dlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 )
@@ -32,7 +33,7 @@ func (l *Locker) AcquireAll(ctx context.Context, keys []string, opts ...Option) 
 	slices.Sort(sorted)
 	sorted = slices.Compact(sorted)
 	if len(sorted) == 0 {
-		return nil, l.wrap("acquire", "", errors.Join(ErrInvalidKey, errors.New("no keys")))
+		return nil, fmt.Errorf("dlock: acquire all on %s: %w: no keys given", l.addr, ErrInvalidKey)
 	}
 	for _, k := range sorted {
 		if err := ValidateKey(k); err != nil {
