@@ -128,6 +128,13 @@ func testRunExitCodes(t *testing.T, store string) {
 		if _, err := os.Stat(marker); err == nil {
 			t.Fatal("the command ran after --wait-timeout")
 		}
+		// --wait-timeout 0 makes one attempt, as flock -w 0: 75 at once.
+		begun := time.Now()
+		res = dlock(t, store, "run", "--wait-timeout", "0s", "codes:held", "--", "touch", marker)
+		wantCode(t, res, 75)
+		if took := time.Since(begun); took > 20*time.Second {
+			t.Fatalf("--wait-timeout 0 took %v: it waited", took)
+		}
 		// A wait ended by SIGTERM exits 128+15, not 75.
 		waiter := command(store, "run", "--wait", "codes:held", "--", "touch", marker)
 		if err := waiter.Start(); err != nil {

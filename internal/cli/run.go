@@ -100,7 +100,8 @@ the terminal comes back to dlock when it ends.
 
 Waiting: without --wait, a held KEY exits 75 (--conflict-exit-code) at
 once, naming its holder where the store can tell. --wait waits for it;
---wait-timeout D waits at most D (and implies --wait, as flock -w does).
+--wait-timeout D waits at most D (and implies --wait, as flock -w does;
+--wait-timeout 0 makes one attempt, as flock -w 0, unless --wait is given).
 A store that cannot be reached, or is restarting or electing a leader, is
 retried: without --wait for --retry-for (default 5s), with --wait until
 --wait-timeout (for ever without one, unless --retry-for is given); only
@@ -253,8 +254,11 @@ Exit status:
 		},
 		ValidArgsFunction: completeKeys(g, 0),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if cmd.Flags().Changed("wait-timeout") {
-				f.wait = true // --wait-timeout implies --wait, as flock -w
+			if cmd.Flags().Changed("wait-timeout") && f.waitTimeout > 0 {
+				// --wait-timeout implies --wait, as flock -w; and as
+				// flock -w 0, --wait-timeout 0 makes one attempt
+				// (unless --wait is given too: then it waits for ever).
+				f.wait = true
 			}
 			argv := args[1:]
 			if f.shell != "" {
@@ -269,7 +273,7 @@ Exit status:
 	fl.SetInterspersed(true)
 	fl.DurationVar(&f.ttl, "ttl", 30*time.Second, "lease TTL; renewed every TTL/3 while the command runs (env DLOCK_TTL, file: ttl)")
 	fl.BoolVar(&f.wait, "wait", false, "wait for KEY instead of exiting 75 when it is held")
-	fl.DurationVar(&f.waitTimeout, "wait-timeout", 0, "wait at most this long, then exit 75; implies --wait (0: wait for ever)")
+	fl.DurationVar(&f.waitTimeout, "wait-timeout", 0, "wait at most this long, then exit 75; implies --wait (0: one attempt, as flock -w 0; with --wait, wait for ever)")
 	fl.DurationVar(&f.retryFor, "retry-for", DefaultRetryFor, "retry a store that cannot be reached (down, restarting, electing a leader) this long before exiting 69 (env DLOCK_RETRY_FOR, file: retry_for); with --wait the default is the whole wait")
 	fl.DurationVar(&f.grace, "grace", 10*time.Second, "when the command is terminated (lost lease, dlock's death), time between SIGTERM and SIGKILL")
 	fl.BoolVar(&f.failOpen, "fail-open", false, "run the command without a lease when the store cannot be reached (efficiency locks only; never for invalid input)")
