@@ -15,7 +15,9 @@ package server
 // bytes, all handed to Raft at once (Raft writes them with one fsync). So
 // under load each fsync carries every command that arrived during the
 // previous one, with one raft.Apply, one future and one FSM call per
-// entry rather than per command.
+// entry rather than per command. (A queue that holds only deferred
+// proposals, waits for held keys, is the exception: it waits for the next
+// proposal or its timer; see proposeQueued and nextRound.)
 
 import (
 	"sync"
