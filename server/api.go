@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"io"
 	"runtime"
 	"time"
 
@@ -151,6 +152,11 @@ func (a *api) Wait(stream dlockv1.Lock_WaitServer) error {
 		return err
 	}
 	req, err := stream.Recv()
+	if errors.Is(err, io.EOF) {
+		// Half-closed with no request: a malformed call, not an unknown
+		// error (grpc-go reports a handler's bare io.EOF as UNKNOWN).
+		return apiErr(codes.InvalidArgument, ReasonInvalidRequest, "wait: the stream was closed before its request")
+	}
 	if err != nil {
 		return err
 	}

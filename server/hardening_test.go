@@ -341,3 +341,26 @@ func TestServer_LargeHeadersAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestServer_WaitClosedBeforeItsRequestIsInvalidArgument: a Wait stream
+// half-closed before it sends its request is answered INVALID_ARGUMENT
+// (INVALID_REQUEST), not UNKNOWN "EOF", and the server goes on serving.
+func TestServer_WaitClosedBeforeItsRequestIsInvalidArgument(t *testing.T) {
+	srv := start(t, nil)
+	c := grpcClient(t, srv.Addr())
+	ctx := t.Context()
+	stream, err := c.Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = stream.Recv()
+	if st := status.Convert(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "INVALID_REQUEST") {
+		t.Fatalf("a Wait closed before its request: %v, want INVALID_ARGUMENT (INVALID_REQUEST)", err)
+	}
+	if _, err := c.Acquire(ctx, &dlockv1.AcquireRequest{Key: "after", Owner: "owner-after-00"}); err != nil {
+		t.Fatalf("the server after it: %v", err)
+	}
+}
