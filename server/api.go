@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"runtime"
 	"time"
 
@@ -96,6 +97,11 @@ func dur(d *durationpb.Duration) (time.Duration, error) {
 	}
 	if err := d.CheckValid(); err != nil {
 		return 0, apiErr(codes.InvalidArgument, ReasonInvalidTTL, "invalid TTL (seconds %d, nanos %d): %v", d.GetSeconds(), d.GetNanos(), err)
+	}
+	if secs := d.GetSeconds(); secs > math.MaxInt64/int64(time.Second) {
+		// AsDuration would saturate, and the TTL check would then name a
+		// value nobody sent.
+		return 0, apiErr(codes.InvalidArgument, ReasonInvalidTTL, "invalid TTL of %d s: longer than any TTL", secs)
 	}
 	if t := d.AsDuration(); t <= 0 {
 		return 0, apiErr(codes.InvalidArgument, ReasonInvalidTTL, "invalid TTL %v: zero or negative (leave it out for the server's default)", t)

@@ -172,6 +172,7 @@ func TestHTTP_JSONDecoding(t *testing.T) {
 		{"lock delay", "/v1/acquire", `{"key":"k","lock_delay":"5ms"}`, server.ReasonInvalidRequest, []string{`"lock_delay"`, `"0.005s"`}},
 		{"zero TTL", "/v1/acquire", `{"key":"k","ttl":"0s"}`, server.ReasonInvalidTTL, []string{"invalid TTL 0s: zero or negative"}},
 		{"negative TTL", "/v1/acquire", `{"key":"k","ttl":"-2s"}`, server.ReasonInvalidTTL, []string{"zero or negative"}},
+		{"TTL past time.Duration", "/v1/acquire", `{"key":"k","ttl":"315576000000s"}`, server.ReasonInvalidTTL, []string{"invalid TTL of 315576000000 s: longer than any TTL"}},
 		{"zero renew TTL", "/v1/renew", `{"items":[{"key":"k","owner":"0123456789","ttl":"0s"}]}`, server.ReasonInvalidTTL, []string{"zero or negative"}},
 		{"syntax", "/v1/acquire", `{"key":`, server.ReasonInvalidRequest, []string{"malformed JSON"}},
 	}
