@@ -82,7 +82,7 @@ func StartAzurite(t TB) *Azurite {
 		a.Kill()
 		if t.Failed() {
 			if b, err := os.ReadFile(a.log); err == nil && len(b) > 0 {
-				t.Logf("azurite-blob %s log:\n%s", a.Addr(), redisLogTail(string(b), 4000))
+				t.Logf("azurite-blob %s log:\n%s", a.Addr(), logTail(string(b), 4000))
 			}
 		}
 	})
@@ -169,7 +169,7 @@ func (a *Azurite) Start() error {
 	if err := waitHTTP("http://"+a.Addr()+"/"+AzuriteAccount+"?comp=list", p, azuriteReadyTimeout); err != nil {
 		p.Kill()
 		b, _ := os.ReadFile(a.log)
-		return fmt.Errorf("azurite-blob on %s: %w\n%s", a.Addr(), err, redisLogTail(string(b), 2000))
+		return fmt.Errorf("azurite-blob on %s: %w\n%s", a.Addr(), err, logTail(string(b), 2000))
 	}
 	return nil
 }

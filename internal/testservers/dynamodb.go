@@ -167,7 +167,7 @@ func (d *Dynalite) Start() error {
 	if err := waitDynalite(d.Endpoint(), p, 20*time.Second); err != nil {
 		p.Kill()
 		b, _ := os.ReadFile(d.log)
-		return fmt.Errorf("dynalite on %s: %w\n%s", d.Addr(), err, redisLogTail(string(b), 2000))
+		return fmt.Errorf("dynalite on %s: %w\n%s", d.Addr(), err, logTail(string(b), 2000))
 	}
 	return nil
 }

@@ -159,10 +159,6 @@ func logTailOnFailure(t TB, name, path string) {
 		return
 	}
 	if b, err := os.ReadFile(path); err == nil && len(b) > 0 {
-		s := string(b)
-		if len(s) > 4000 {
-			s = "…" + s[len(s)-4000:]
-		}
-		t.Logf("%s log:\n%s", name, s)
+		t.Logf("%s log:\n%s", name, logTail(string(b), 4000))
 	}
 }

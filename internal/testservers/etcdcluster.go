@@ -153,7 +153,7 @@ func startEtcdClusterOnce(t TB, bin string, n int, o EtcdClusterOptions) (*EtcdC
 		}
 		for _, m := range c.members {
 			if b, rerr := os.ReadFile(m.logPath); rerr == nil && len(b) > 0 {
-				t.Logf("testservers: etcd %s's log (failed start):\n%s", m.name, tail(string(b), 2000))
+				t.Logf("testservers: etcd %s's log (failed start):\n%s", m.name, logTail(string(b), 2000))
 			}
 		}
 		return nil, err
@@ -174,14 +174,6 @@ func startEtcdClusterOnce(t TB, bin string, n int, o EtcdClusterOptions) (*EtcdC
 		}
 	}
 	return c, nil
-}
-
-// tail returns the last n bytes of s.
-func tail(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return "..." + s[len(s)-n:]
 }
 
 func (m *etcdMember) clientURL() string { return fmt.Sprintf("http://127.0.0.1:%d", m.clientPort) }

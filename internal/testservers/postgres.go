@@ -86,7 +86,7 @@ func StartPostgres(t TB) *Postgres {
 		p.Kill()
 		if t.Failed() {
 			if b, err := os.ReadFile(p.logPath()); err == nil {
-				t.Logf("postgres %s log:\n%s", p.URL(), postgresLogTail(string(b), 4000))
+				t.Logf("postgres %s log:\n%s", p.URL(), logTail(string(b), 4000))
 			}
 		}
 		_ = os.RemoveAll(dir)
@@ -177,7 +177,7 @@ func (p *Postgres) Start() error {
 	if err := p.waitReady(proc, postgresReadyTimeout); err != nil {
 		proc.Kill()
 		b, _ := os.ReadFile(p.logPath())
-		return fmt.Errorf("postgres on %s: %w\n%s", p.Addr(), err, postgresLogTail(string(b), 2000))
+		return fmt.Errorf("postgres on %s: %w\n%s", p.Addr(), err, logTail(string(b), 2000))
 	}
 	return nil
 }
@@ -320,7 +320,7 @@ func postgresTemplate(pgBin, initdb string, cred *syscall.Credential, owner stri
 	cmd.Dir = tmp
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("initdb: %w: %s", err, postgresLogTail(string(out), 2000))
+		return "", fmt.Errorf("initdb: %w: %s", err, logTail(string(out), 2000))
 	}
 	if err := os.Rename(data, path); err != nil {
 		if _, statErr := os.Stat(filepath.Join(path, "PG_VERSION")); statErr == nil {
@@ -370,12 +370,4 @@ func (p *Process) signalThenKill(sig syscall.Signal, grace time.Duration) {
 		_ = syscall.Kill(-p.PID(), syscall.SIGKILL)
 		<-p.done
 	}
-}
-
-// postgresLogTail returns the last n bytes of s.
-func postgresLogTail(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return "…" + s[len(s)-n:]
 }

@@ -69,7 +69,7 @@ func startRedis(t TB, cluster bool) *Redis {
 		r.Kill()
 		if t.Failed() {
 			if b, err := os.ReadFile(r.log); err == nil {
-				t.Logf("redis-server %s log:\n%s", r.Addr(), redisLogTail(string(b), 4000))
+				t.Logf("redis-server %s log:\n%s", r.Addr(), logTail(string(b), 4000))
 			}
 		}
 	})
@@ -202,7 +202,7 @@ func (r *Redis) Start() error {
 	if err != nil {
 		p.Kill()
 		b, _ := os.ReadFile(r.log)
-		return fmt.Errorf("redis-server on %s: %w\n%s", r.Addr(), err, redisLogTail(string(b), 2000))
+		return fmt.Errorf("redis-server on %s: %w\n%s", r.Addr(), err, logTail(string(b), 2000))
 	}
 	return nil
 }
@@ -338,7 +338,8 @@ func pingRedis(addr string) error {
 	return nil
 }
 
-func redisLogTail(s string, n int) string {
+// logTail returns the last n bytes of s (a server's log), marked as cut.
+func logTail(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
