@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -754,20 +755,8 @@ func TestServer_QueueEntryRidesWithRelease(t *testing.T) {
 	s.proposer.queueDefer = time.Hour // b waits for the release
 	s.proposer.mu.Unlock()
 	before := s.raft.LastIndex()
-	type result struct {
-		out acquireOut
-		err error
-	}
-	got := make(chan result, 1)
-	go func() {
-		out, err := s.acquire(ctx, acquireIn{key: "k", owner: "owner-b-000000", ttl: time.Minute, wait: true}, nil, nil)
-		got <- result{out, err}
-	}()
-	pollUntil(t, 10*time.Second, "b's proposal deferred", func() bool {
-		s.proposer.mu.Lock()
-		defer s.proposer.mu.Unlock()
-		return len(s.proposer.queue) == 1
-	})
+	got := goAcquire(ctx, s, acquireIn{key: "k", owner: "owner-b-000000", ttl: time.Minute, wait: true}, nil)
+	awaitQueued(t, s, 1, "b's proposal deferred")
 	s.proposer.mu.Lock()
 	s.proposer.queueDefer = 0
 	s.proposer.mu.Unlock()
@@ -784,11 +773,7 @@ func TestServer_QueueEntryRidesWithRelease(t *testing.T) {
 	}
 	// Alone: c queues behind b, with nothing else proposed.
 	queued := make(chan int, 1)
-	cGot := make(chan result, 1)
-	go func() {
-		out, err := s.acquire(ctx, acquireIn{key: "k", owner: "owner-c-000000", ttl: time.Minute, wait: true}, nil, func(pos int) { queued <- pos })
-		cGot <- result{out, err}
-	}()
+	cGot := goAcquire(ctx, s, acquireIn{key: "k", owner: "owner-c-000000", ttl: time.Minute, wait: true}, func(pos int) { queued <- pos })
 	select {
 	case pos := <-queued:
 		if pos != 1 {
@@ -853,10 +838,6 @@ func TestServer_QueueEntryDuringARoundWaitsForTheNextRelease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	type result struct {
-		out acquireOut
-		err error
-	}
 	b := &s.proposer
 	// A round is in flight (as if a release were being written).
 	b.mu.Lock()
@@ -864,16 +845,8 @@ func TestServer_QueueEntryDuringARoundWaitsForTheNextRelease(t *testing.T) {
 	b.queueDefer = time.Hour
 	b.mu.Unlock()
 	before := s.raft.LastIndex()
-	got := make(chan result, 1)
-	go func() {
-		out, err := s.acquire(ctx, acquireIn{key: "k", owner: "owner-b-000000", ttl: time.Minute, wait: true}, nil, nil)
-		got <- result{out, err}
-	}()
-	pollUntil(t, 10*time.Second, "b's proposal queued", func() bool {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		return len(b.queue) == 1
-	})
+	got := goAcquire(ctx, s, acquireIn{key: "k", owner: "owner-b-000000", ttl: time.Minute, wait: true}, nil)
+	awaitQueued(t, s, 1, "b's proposal queued")
 	// The round ends: b's lone deferred proposal stays queued, its timer set.
 	if next := s.nextRound(); next != nil {
 		t.Fatalf("the round's end sent %d deferred proposals alone", len(next))
@@ -902,16 +875,8 @@ func TestServer_QueueEntryDuringARoundWaitsForTheNextRelease(t *testing.T) {
 	b.busy = true
 	b.queueDefer = time.Millisecond
 	b.mu.Unlock()
-	cGot := make(chan result, 1)
-	go func() {
-		out, err := s.acquire(ctx, acquireIn{key: "k", owner: "owner-c-000000", ttl: time.Minute, wait: true}, nil, nil)
-		cGot <- result{out, err}
-	}()
-	pollUntil(t, 10*time.Second, "c's proposal queued", func() bool {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		return len(b.queue) == 1
-	})
+	cGot := goAcquire(ctx, s, acquireIn{key: "k", owner: "owner-c-000000", ttl: time.Minute, wait: true}, nil)
+	awaitQueued(t, s, 1, "c's proposal queued")
 	b.mu.Lock()
 	armed = b.deferArmed
 	b.mu.Unlock()
@@ -945,4 +910,31 @@ func TestServer_QueueEntryDuringARoundWaitsForTheNextRelease(t *testing.T) {
 	if r := <-cGot; r.err != nil || r.out.fence != next || next == 0 {
 		t.Fatalf("c: %+v %v; release handed fence %d", r.out, r.err, next)
 	}
+}
+
+// acquireResult is what an acquisition run by goAcquire returned.
+type acquireResult struct {
+	out acquireOut
+	err error
+}
+
+// goAcquire runs s.acquire(ctx, in) on a goroutine; its result arrives on
+// the channel.
+func goAcquire(ctx context.Context, s *Server, in acquireIn, onQueued func(int)) <-chan acquireResult {
+	got := make(chan acquireResult, 1)
+	go func() {
+		out, err := s.acquire(ctx, in, nil, onQueued)
+		got <- acquireResult{out, err}
+	}()
+	return got
+}
+
+// awaitQueued waits until s's proposer holds n queued proposals.
+func awaitQueued(t *testing.T, s *Server, n int, what string) {
+	t.Helper()
+	pollUntil(t, 10*time.Second, what, func() bool {
+		s.proposer.mu.Lock()
+		defer s.proposer.mu.Unlock()
+		return len(s.proposer.queue) == n
+	})
 }

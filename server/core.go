@@ -265,7 +265,7 @@ func (s *Server) acquire(ctx context.Context, in acquireIn, cancel <-chan struct
 	// Likely granted at once: no hand-off (a race that queues it parks on
 	// a larger stack), and no closure, so nothing of this path escapes to
 	// the heap.
-	q, out, err := s.beginAndNotify(ctx, in, onQueued)
+	q, out, err := s.beginAndNotify(ctx, in, false, onQueued)
 	if err != nil || q == nil {
 		return out, err
 	}
@@ -278,7 +278,7 @@ func (s *Server) acquireParked(ctx context.Context, in acquireIn, cancel <-chan 
 	var q *queuedAcquire
 	var out acquireOut
 	var err error
-	s.calls.do(func() { q, out, err = s.beginAndNotify(ctx, in, onQueued) })
+	s.calls.do(func() { q, out, err = s.beginAndNotify(ctx, in, true, onQueued) })
 	if err != nil || q == nil {
 		return out, err
 	}
@@ -289,8 +289,8 @@ func (s *Server) acquireParked(ctx context.Context, in acquireIn, cancel <-chan 
 // queue position of a queued request. A panic of onQueued leaves nothing
 // behind (the wait registration, the queue entry or a grant that raced:
 // awaitGrant will not run) and goes on to the caller's recovery.
-func (s *Server) beginAndNotify(ctx context.Context, in acquireIn, onQueued func(int)) (*queuedAcquire, acquireOut, error) {
-	q, out, err := s.beginAcquire(ctx, in)
+func (s *Server) beginAndNotify(ctx context.Context, in acquireIn, likelyQueued bool, onQueued func(int)) (*queuedAcquire, acquireOut, error) {
+	q, out, err := s.beginAcquire(ctx, in, likelyQueued)
 	if err == nil && q != nil && onQueued != nil {
 		defer func() {
 			if p := recover(); p != nil {
@@ -315,8 +315,10 @@ type queuedAcquire struct {
 
 // beginAcquire is the first part of acquire: it validates in, proposes the
 // acquisition and returns its answer, or, when the request was queued, a
-// queuedAcquire for awaitGrant (and a zero acquireOut).
-func (s *Server) beginAcquire(ctx context.Context, in acquireIn) (*queuedAcquire, acquireOut, error) {
+// queuedAcquire for awaitGrant (and a zero acquireOut). likelyQueued is
+// acquire's guess that the request will queue (a wait for a held key): its
+// proposal then waits for company (proposeQueued).
+func (s *Server) beginAcquire(ctx context.Context, in acquireIn, likelyQueued bool) (*queuedAcquire, acquireOut, error) {
 	callPanicHook("beginAcquire")
 	if err := s.validateAcquire(&in); err != nil {
 		return nil, acquireOut{}, err
@@ -363,7 +365,7 @@ func (s *Server) beginAcquire(ctx context.Context, in acquireIn) (*queuedAcquire
 	// stack.
 	var r applyResult
 	var err error
-	if in.wait && s.fsm.wouldRefuse(in.key, in.owner, in.shared, int(in.limit)) {
+	if likelyQueued {
 		r, err = s.proposeQueued(c) // it will likely queue: ride with the next entry (propose.go)
 	} else {
 		r, err = s.propose(c)

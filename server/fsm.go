@@ -711,6 +711,15 @@ type fsm struct {
 // maxScratch bounds the scratch buffers an FSM keeps between batches.
 const maxScratch = 1024
 
+// scratch returns buf emptied for reuse, or nil when it grew past
+// maxScratch (a burst's buffer is not kept).
+func scratch[T any](buf []T) []T {
+	if cap(buf) > maxScratch {
+		return nil
+	}
+	return buf[:0]
+}
+
 func newKeyIndex() *btree.BTreeG[string] {
 	return btree.NewG(32, func(a, b string) bool { return a < b })
 }
@@ -827,10 +836,8 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 				rs[j], evs = f.apply(l.Index, &cs[j], evs)
 			}
 			out[i] = rs
-			if cap(cs) <= maxScratch {
-				clear(cs) // no strings kept alive until the next batch
-				f.cmdBuf = cs[:0]
-			}
+			clear(cs) // no strings kept alive until the next batch
+			f.cmdBuf = scratch(cs)
 			continue
 		}
 		c, err := decodeCommand(l.Data)
@@ -847,12 +854,8 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 	if len(evs) > 0 && f.obs != nil {
 		f.obs.lockEvents(evs)
 	}
-	if cap(evs) <= maxScratch {
-		clear(evs)
-		f.evBuf = evs[:0]
-	} else {
-		f.evBuf = nil
-	}
+	clear(evs)
+	f.evBuf = scratch(evs)
 	if f.obs != nil {
 		for _, b := range bad {
 			f.obs.undecodable(b.index, b.err)
@@ -871,9 +874,7 @@ func (f *fsm) decodeBatchEntry(b []byte) ([]command, error) {
 	if f.beforeBatches.Load() {
 		return nil, errCorrupt
 	}
-	buf := f.cmdBuf
-	f.cmdBuf = nil // until ApplyBatch gives it back
-	return decodeBatchInto(b, buf)
+	return decodeBatchInto(b, f.cmdBuf)
 }
 
 // badEntry is a committed command entry that did not decode.

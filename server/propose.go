@@ -47,7 +47,9 @@ type proposal struct {
 	// signals once res or err is set (false: its caller sends the round
 	// itself). done has room for that one signal.
 	queued bool
-	done   chan struct{}
+	// deferred: a proposeQueued proposal, which waits for company.
+	deferred bool
+	done     chan struct{}
 }
 
 var proposalPool = sync.Pool{New: func() any { return &proposal{done: make(chan struct{}, 1)} }}
@@ -61,12 +63,9 @@ type proposer struct {
 	// that nothing else took along; deferArmed: it is set to fire.
 	deferTimer *time.Timer
 	deferArmed bool
-	// eager counts the queued proposals that are not deferred: a round
-	// that ends with only deferred proposals queued does not send them
-	// (they wait for the next proposal, or their timer); deferDue: their
-	// timer fired while a round was in flight, so the next round sends
-	// them whatever else is queued.
-	eager      int
+	// deferDue: the timer of the deferred proposals fired while a round
+	// was in flight, so that round's end sends them even with nothing
+	// else queued (see nextRound).
 	deferDue   bool
 	queueDefer time.Duration // 0: maxQueueDefer (tests set it)
 	// entries and commands count what was written (tests).
@@ -97,16 +96,13 @@ func (s *Server) proposeQueued(c *command) (applyResult, error) {
 func (s *Server) proposeWith(c *command, deferred bool) (applyResult, error) {
 	start := time.Now()
 	p := proposalPool.Get().(*proposal)
-	p.data = c.encode()
+	p.data, p.deferred = c.encode(), deferred
 	b := &s.proposer
 	b.mu.Lock()
 	switch {
 	case b.busy || deferred:
 		p.queued = true
 		b.queue = append(b.queue, p)
-		if !deferred {
-			b.eager++
-		}
 		if !b.busy {
 			b.armDefer(s)
 		}
@@ -168,7 +164,7 @@ func (s *Server) nextRound() []*proposal {
 	b := &s.proposer
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if len(b.queue) == 0 || (b.eager == 0 && !b.deferDue) {
+	if len(b.queue) == 0 || (!b.deferDue && b.onlyDeferred()) {
 		b.busy = false
 		if len(b.queue) > 0 {
 			b.armDefer(s)
@@ -176,6 +172,17 @@ func (s *Server) nextRound() []*proposal {
 		return nil
 	}
 	return b.takeQueue()
+}
+
+// onlyDeferred reports whether every queued proposal is deferred; with
+// b.mu held.
+func (b *proposer) onlyDeferred() bool {
+	for _, p := range b.queue {
+		if !p.deferred {
+			return false
+		}
+	}
+	return true
 }
 
 // armDefer sets the timer that sends the queued deferred proposals
@@ -201,7 +208,7 @@ func (b *proposer) armDefer(s *Server) {
 func (b *proposer) takeQueue() []*proposal {
 	q := b.queue
 	b.queue = nil
-	b.eager, b.deferDue = 0, false
+	b.deferDue = false
 	if b.deferArmed && b.deferTimer.Stop() {
 		b.deferArmed = false
 	}
