@@ -3,6 +3,7 @@ package dlockddriver
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"sync"
 
 	"google.golang.org/grpc"
@@ -25,7 +26,8 @@ import (
 // while dlockd allows 1,024 streams at once per connection by default
 // (--max-streams-per-connection; grpc-go queues a stream past that until
 // one ends): 16 Drivers leave about 60 streams each for Waits and unary
-// calls. At W1 c=64 (four connections) the read and write system calls per
+// calls, and Waits past WaitsPerConn go on connections of their own
+// (waitconns.go). At W1 c=64 (four connections) the read and write system calls per
 // cycle are still about a ninth of one connection per Driver (0.7 against
 // 6.1, docs/BENCHMARKS-syscalls.md; 0.4 with all 64 on one connection).
 const DriversPerConn = 16
@@ -46,6 +48,7 @@ type connKey struct {
 type sharedConn struct {
 	key   connKey
 	cc    *grpc.ClientConn
+	waits *waitConns // the Waits on cc, and the connections past it (waitconns.go)
 	users int
 }
 
@@ -72,6 +75,9 @@ func getShared(key connKey, dopts []grpc.DialOption) (*sharedConn, error) {
 		return nil, err
 	}
 	sc := &sharedConn{key: key, cc: cc, users: 1}
+	sc.waits = newWaitConns(cc, func() (*grpc.ClientConn, error) {
+		return grpc.NewClient("passthrough:///"+key.addr, dopts...)
+	})
 	connPool.conns[key] = append(connPool.conns[key], sc)
 	return sc, nil
 }
@@ -98,7 +104,7 @@ func putShared(sc *sharedConn) error {
 	}
 	connPool.mu.Unlock()
 	if last {
-		return sc.cc.Close()
+		return errors.Join(sc.waits.close(), sc.cc.Close())
 	}
 	return nil
 }

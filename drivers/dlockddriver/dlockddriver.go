@@ -34,6 +34,13 @@
 // as nothing more is queued). A Driver's Close ends its own calls at once
 // and closes a connection when it was the last Driver on it.
 //
+// A Wait holds a stream of its connection until it ends, and dlockd allows
+// 1,024 streams per connection by default: past WaitsPerConn (512) Waits
+// on one connection, the next go on another connection to the same member,
+// dialled for Waits, so that a process with thousands of waiting Acquires
+// still queues every one of them at the server and its other calls still
+// find a stream.
+//
 // # TLS
 //
 // A dlockd started with --tls-cert and --tls-key serves gRPC over TLS

@@ -28,3 +28,14 @@ func SharedConns() int { return sharedConns() }
 // SessionOpen reports whether d's Session stream is open (its calls go on
 // it rather than as unary RPCs).
 func SessionOpen(d *Driver) bool { return d.calls.Load() != nil }
+
+// WaitStreams returns the Wait streams d's first member's connection
+// carries, and those on each extra connection dialled for Waits past
+// WaitsPerConn (waitconns.go).
+func WaitStreams(d *Driver) (first int, extras []int) {
+	m := d.cl.members[0]
+	if m.waits == nil {
+		return 0, nil
+	}
+	return m.waits.counts()
+}

@@ -78,6 +78,7 @@ type member struct {
 	cc     *grpc.ClientConn // owned or shared; nil until first used, or for New's
 	shared *sharedConn      // the pool's connection cc is, when shared (connshare.go)
 	client dlockv1.LockClient
+	waits  *waitConns // the Waits on cc and past it (waitconns.go); nil for New's
 }
 
 // cluster is the members a Driver knows and the one it believes leads.
@@ -155,6 +156,7 @@ func (c *cluster) client(m *member) (dlockv1.LockClient, error) {
 			return nil, status.Errorf(codes.Unavailable, "dlockd: dial %s: %v", m.addr, err)
 		}
 		m.cc, m.shared, m.client = sc.cc, sc, dlockv1.NewLockClient(driverConn{cc: sc.cc, done: c.done})
+		m.waits = sc.waits
 		return m.client, nil
 	}
 	cc, err := grpc.NewClient("passthrough:///"+m.addr, c.dopts...)
@@ -162,7 +164,34 @@ func (c *cluster) client(m *member) (dlockv1.LockClient, error) {
 		return nil, status.Errorf(codes.Unavailable, "dlockd: dial %s: %v", m.addr, err)
 	}
 	m.cc, m.client = cc, dlockv1.NewLockClient(cc)
+	addr, dopts := m.addr, c.dopts
+	m.waits = newWaitConns(cc, func() (*grpc.ClientConn, error) {
+		return grpc.NewClient("passthrough:///"+addr, dopts...)
+	})
 	return m.client, nil
+}
+
+// waitClient returns the LockClient for one more Wait stream on m: m's own
+// connection while it carries fewer than WaitsPerConn Waits, else one
+// dialled for Waits (waitconns.go). done gives the Wait's place back once
+// its stream has ended.
+func (c *cluster) waitClient(m *member) (client dlockv1.LockClient, done func(), err error) {
+	client, err = c.client(m)
+	if err != nil {
+		return nil, nil, err
+	}
+	if m.waits == nil { // the caller's connection (New)
+		return client, func() {}, nil
+	}
+	cc, done := m.waits.get()
+	switch {
+	case cc == m.cc:
+		return client, done, nil
+	case c.share != nil:
+		return dlockv1.NewLockClient(driverConn{cc: cc, done: c.done}), done, nil
+	default:
+		return dlockv1.NewLockClient(cc), done, nil
+	}
 }
 
 // close closes every connection the cluster made, and ends its calls on
@@ -171,6 +200,7 @@ func (c *cluster) close() error {
 	c.mu.Lock()
 	c.closed = true
 	var ccs []*grpc.ClientConn
+	var owned []*waitConns
 	var shared []*sharedConn
 	for _, m := range c.members {
 		switch {
@@ -178,6 +208,7 @@ func (c *cluster) close() error {
 			shared = append(shared, m.shared)
 		case m.cc != nil:
 			ccs = append(ccs, m.cc)
+			owned = append(owned, m.waits)
 		}
 	}
 	c.mu.Unlock()
@@ -185,6 +216,9 @@ func (c *cluster) close() error {
 		c.doneFn()
 	}
 	var errs []error
+	for _, w := range owned {
+		errs = append(errs, w.close())
+	}
 	for _, cc := range ccs {
 		errs = append(errs, cc.Close())
 	}

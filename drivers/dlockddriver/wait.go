@@ -535,7 +535,7 @@ func (w *waitStream) close() { w.cancel() }
 // the request is sent, ctx (and the deadline, when set, or else a share of
 // the op timeout) still cut it.
 func (d *Driver) openWait(ctx context.Context, m *member, areq *dlockv1.AcquireRequest, deadline time.Time) (*waitStream, error) {
-	client, err := d.cl.client(m)
+	client, done, err := d.cl.waitClient(m)
 	if err != nil {
 		return nil, err
 	}
@@ -574,6 +574,7 @@ func (d *Driver) openWait(ctx context.Context, m *member, areq *dlockv1.AcquireR
 	}
 	if err != nil {
 		scancel()
+		done()
 		if ctx.Err() != nil {
 			return nil, status.FromContextError(ctx.Err()).Err()
 		}
@@ -581,6 +582,9 @@ func (d *Driver) openWait(ctx context.Context, m *member, areq *dlockv1.AcquireR
 	}
 	w := &waitStream{m: m, opened: time.Now(), stream: stream, cancel: scancel, events: make(chan recvd, 4)}
 	go func() {
+		// The stream has ended once Recv failed or its context was
+		// cancelled: either way its HTTP/2 stream is free again.
+		defer done()
 		for {
 			ev, err := stream.Recv()
 			select {
