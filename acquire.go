@@ -21,7 +21,7 @@ const (
 	ResultDegraded    = "degraded"
 )
 
-func (l *Locker) acquire(ctx context.Context, key string, wait bool, o options) (lease *Lease, err error) {
+func (l *Locker) acquire(ctx context.Context, key string, wait bool, o *options) (lease *Lease, err error) {
 	start := time.Now()
 	contended := 0
 	defer func() {
@@ -270,7 +270,7 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 // shorter) less the drift, must be at least half of that window, and less
 // than half of it may have passed, so that the renewal has time to come
 // back. Otherwise the grant is renewed before Acquire returns.
-func windowUsable(window time.Duration, sent time.Time, o options) bool {
+func windowUsable(window time.Duration, sent time.Time, o *options) bool {
 	window = min(o.ttl, window)
 	valid := window - o.effectiveDrift()
 	return valid >= window/2 && time.Since(sent) < valid/2
@@ -278,7 +278,7 @@ func windowUsable(window time.Duration, sent time.Time, o options) bool {
 
 // confirm renews a grant that arrived by notification, so that its validity
 // is measured from a request sent now.
-func (l *Locker) confirm(ctx context.Context, req driver.AcquireRequest, o options) (time.Time, error) {
+func (l *Locker) confirm(ctx context.Context, req driver.AcquireRequest, o *options) (time.Time, error) {
 	sent := time.Now()
 	octx, cancel := context.WithTimeout(ctx, o.opTimeout)
 	defer cancel()
@@ -286,7 +286,7 @@ func (l *Locker) confirm(ctx context.Context, req driver.AcquireRequest, o optio
 }
 
 // cleanupNow releases what the owner token may hold before returning.
-func (l *Locker) cleanupNow(req driver.AcquireRequest, o options) {
+func (l *Locker) cleanupNow(req driver.AcquireRequest, o *options) {
 	ctx, cancel := context.WithTimeout(context.Background(), o.opTimeout)
 	defer cancel()
 	_ = l.drv.Release(ctx, req.Key, req.Owner)
@@ -302,7 +302,7 @@ const cleanupGrace = 500 * time.Millisecond
 // down. Owner tokens are unique per attempt, so this can never touch
 // another holder's grant, nor a later attempt's. Close waits for pending
 // cleanups, each for at most cleanupGrace once Close has begun.
-func (l *Locker) cleanup(req driver.AcquireRequest, o options) {
+func (l *Locker) cleanup(req driver.AcquireRequest, o *options) {
 	l.mu.Lock()
 	if l.closed {
 		// Close may already be waiting for the cleanups: release here
@@ -352,7 +352,7 @@ func (l *Locker) subscribeHints(ctx context.Context, key string) <-chan struct{}
 // Backoff And Jitter", AWS Architecture Blog, 2015): uniform in
 // [0, min(max, min·2^attempt)). A release hint ends the sleep early. It
 // returns false when ctx ends.
-func sleepBackoff(ctx context.Context, o options, attempt int, hints <-chan struct{}) bool {
+func sleepBackoff(ctx context.Context, o *options, attempt int, hints <-chan struct{}) bool {
 	t := time.NewTimer(backoff(o.backoffMin, o.backoffMax, attempt))
 	defer t.Stop()
 	select {
@@ -384,7 +384,7 @@ func (l *Locker) isClosed() bool {
 	return l.closed
 }
 
-func (l *Locker) observer(o options) Observer {
+func (l *Locker) observer(o *options) Observer {
 	if o.observer != nil {
 		return o.observer
 	}

@@ -390,7 +390,7 @@ func (l *Locker) Inspect(ctx context.Context, key string) (HolderInfo, error) {
 	if !ok {
 		return HolderInfo{}, l.wrap("inspect", key, ErrUnsupported)
 	}
-	octx, cancel := l.opContext(ctx, l.opts)
+	octx, cancel := l.opContext(ctx, &l.opts)
 	defer cancel()
 	info, err := in.Inspect(octx, key)
 	if errors.Is(err, ErrNotAcquired) {
@@ -419,7 +419,7 @@ func (l *Locker) List(ctx context.Context, prefix string) ([]HolderInfo, error) 
 	if !ok {
 		return nil, l.wrap("list", prefix, ErrUnsupported)
 	}
-	octx, cancel := l.opContext(ctx, l.opts)
+	octx, cancel := l.opContext(ctx, &l.opts)
 	defer cancel()
 	infos, err := in.List(octx, prefix)
 	return infos, l.classify("list", prefix, ctx, err)
@@ -447,7 +447,7 @@ func (l *Locker) ForceRelease(ctx context.Context, key, reason string) (HolderIn
 	if !ok {
 		return HolderInfo{}, l.wrap("force-release", key, fmt.Errorf("%w: the store has no force release", ErrUnsupported))
 	}
-	octx, cancel := l.opContext(ctx, l.opts)
+	octx, cancel := l.opContext(ctx, &l.opts)
 	defer cancel()
 	info, err := fr.ForceRelease(octx, key, reason)
 	if errors.Is(err, ErrNotAcquired) {
@@ -507,8 +507,9 @@ func (l *Locker) Close() error {
 	return l.drv.Close()
 }
 
-func (l *Locker) callOptions(opts []Option) options {
-	o := l.opts
+func (l *Locker) callOptions(opts []Option) *options {
+	o := new(options)
+	*o = l.opts
 	o.apply(opts)
 	return o
 }
@@ -535,7 +536,7 @@ func ValidateTTL(ttl time.Duration) error {
 	return driver.CheckTTL(ttl)
 }
 
-func validateOptions(o options) error {
+func validateOptions(o *options) error {
 	if o.bad != nil {
 		return o.bad
 	}
@@ -576,7 +577,7 @@ func newOwnerToken() string {
 
 // opContext bounds one store round trip by the op timeout and the locker's
 // close.
-func (l *Locker) opContext(ctx context.Context, o options) (context.Context, context.CancelFunc) {
+func (l *Locker) opContext(ctx context.Context, o *options) (context.Context, context.CancelFunc) {
 	octx, cancel := context.WithTimeout(ctx, o.opTimeout)
 	stop := context.AfterFunc(l.closeCtx, cancel)
 	return octx, func() { stop(); cancel() }

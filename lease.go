@@ -37,17 +37,23 @@ type Lease struct {
 	// store keeps the grant less than the TTL (Grant.ValidFor): a third
 	// of that, when sooner than the heartbeat interval; 0: the interval.
 	firstBeat time.Duration
-	opts      options
+	opts      *options // the call's own (callOptions), shared with nothing that changes it
 	start     time.Time
 
+	// ctx is the lease's context: cancelled, with the reason as its cause,
+	// the moment the lease ends (its Done is the lease's Done).
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	done   chan struct{}
 
-	hbCtx    context.Context    // cancelled to stop the heartbeat
-	hbCancel context.CancelFunc // (and any renewal in flight)
-	hbDone   chan struct{}      // closed when the heartbeat goroutine ends
-	hbStart  *time.Timer        // starts the heartbeat goroutine; nil: degraded
+	hbStart *time.Timer // starts the heartbeat goroutine; nil: degraded
+	// The heartbeat's state, set under mu when hbStart's function starts
+	// the heartbeat of a lease still held; nil before (and for ever for a
+	// lease that ends first, as most leases of a busy lock do, or a
+	// degraded one). hbCtx is cancelled to stop the heartbeat (and any
+	// renewal in flight); hbDone is closed when its goroutine ends.
+	hbCtx    context.Context
+	hbCancel context.CancelFunc
+	hbDone   chan struct{}
 
 	ended chan struct{} // closed when Release or Close has finished with the store
 
@@ -62,13 +68,11 @@ type Lease struct {
 	holdTimer *time.Timer // fires at maxHoldAt
 }
 
-func (l *Locker) newLease(req driver.AcquireRequest, g driver.Grant, sent time.Time, o options) (*Lease, error) {
+func (l *Locker) newLease(req driver.AcquireRequest, g driver.Grant, sent time.Time, o *options) (*Lease, error) {
 	ctx, cancel := context.WithCancelCause(context.Background())
-	hbCtx, hbCancel := context.WithCancel(context.Background())
 	ls := &Lease{
 		locker: l, key: req.Key, owner: req.Owner, fence: g.Fence, opts: o,
-		start: sent, ctx: ctx, cancel: cancel, done: make(chan struct{}),
-		hbCtx: hbCtx, hbCancel: hbCancel, hbDone: make(chan struct{}), ended: make(chan struct{}),
+		start: sent, ctx: ctx, cancel: cancel, ended: make(chan struct{}),
 		deadline: sent.Add(o.ttl - o.effectiveDrift()),
 	}
 	if g.ConfirmWithin > 0 {
@@ -95,7 +99,6 @@ func (l *Locker) newLease(req driver.AcquireRequest, g driver.Grant, sent time.T
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
-		hbCancel()
 		cancel(ErrClosed)
 		l.cleanup(req, o)
 		return nil, l.wrap("acquire", req.Key, ErrClosed)
@@ -114,9 +117,15 @@ func (l *Locker) newLease(req driver.AcquireRequest, g driver.Grant, sent time.T
 	start := min(heartbeatStart, o.effectiveHeartbeat(), time.Until(ls.deadline))
 	ls.hbStart = time.AfterFunc(start, func() {
 		ls.mu.Lock()
-		if ls.state == stateHeld {
-			ls.lossTimer = time.AfterFunc(time.Until(ls.deadline), ls.onDeadline)
+		if ls.state != stateHeld {
+			// Ended before its heartbeat started: the end has already
+			// stopped a heartbeat it saw none of (stopHeartbeat).
+			ls.mu.Unlock()
+			return
 		}
+		ls.lossTimer = time.AfterFunc(time.Until(ls.deadline), ls.onDeadline)
+		ls.hbCtx, ls.hbCancel = context.WithCancel(context.Background())
+		ls.hbDone = make(chan struct{})
 		ls.mu.Unlock()
 		ls.heartbeat(g.Lost, g.Recheck)
 	})
@@ -130,24 +139,38 @@ func (l *Locker) newLease(req driver.AcquireRequest, g driver.Grant, sent time.T
 // this bounds the delay it adds to either, only in a lease's first moments.
 const heartbeatStart = 5 * time.Millisecond
 
-// stopHeartbeat stops the heartbeat (and any renewal in flight); hbDone is
-// closed once it has ended, or at once when it never started.
+// stopHeartbeat stops the heartbeat (and any renewal in flight), or keeps
+// it from starting; call it without ls.mu, after the lease left stateHeld
+// (so that hbStart's function, if it runs now, starts nothing).
+// waitHeartbeat then waits for a heartbeat that had started to end.
 func (ls *Lease) stopHeartbeat() {
-	ls.hbCancel()
-	if ls.hbStart != nil && ls.hbStart.Stop() {
-		close(ls.hbDone)
+	if ls.hbStart != nil {
+		ls.hbStart.Stop()
+	}
+	ls.mu.Lock()
+	stop := ls.hbCancel
+	ls.mu.Unlock()
+	if stop != nil {
+		stop()
 	}
 }
 
-func (l *Locker) degradedLease(req driver.AcquireRequest, o options) *Lease {
+// waitHeartbeat returns once the heartbeat goroutine has ended, at once
+// when it never started; call it after stopHeartbeat, without ls.mu.
+func (ls *Lease) waitHeartbeat() {
+	ls.mu.Lock()
+	done := ls.hbDone
+	ls.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+}
+
+func (l *Locker) degradedLease(req driver.AcquireRequest, o *options) *Lease {
 	ctx, cancel := context.WithCancelCause(context.Background())
-	hbCtx, hbCancel := context.WithCancel(context.Background())
-	hbDone := make(chan struct{})
-	close(hbDone)
 	ls := &Lease{
 		locker: l, key: req.Key, owner: req.Owner, degraded: true, opts: o,
-		start: time.Now(), ctx: ctx, cancel: cancel, done: make(chan struct{}),
-		hbCtx: hbCtx, hbCancel: hbCancel, hbDone: hbDone, ended: make(chan struct{}),
+		start: time.Now(), ctx: ctx, cancel: cancel, ended: make(chan struct{}),
 	}
 	if o.maxHold > 0 { // the work is bounded even without a store
 		ls.mu.Lock()
@@ -197,7 +220,7 @@ func (ls *Lease) Deadline() time.Time {
 
 // Done returns a channel that is closed when the lease ends: lost, released,
 // or its Locker closed. Err says which.
-func (ls *Lease) Done() <-chan struct{} { return ls.done }
+func (ls *Lease) Done() <-chan struct{} { return ls.ctx.Done() }
 
 // Err returns nil while the lease is held; after Done is closed it returns an
 // error matching ErrLeaseLost (lost), ErrReleased (released) or ErrClosed
@@ -278,9 +301,8 @@ func (ls *Lease) end(ctx context.Context, reason error) error {
 	defer close(ls.ended)
 
 	ls.stopHeartbeat()
-	<-ls.hbDone
+	ls.waitHeartbeat()
 	ls.cancel(ls.err)
-	close(ls.done)
 	l.forget(ls)
 
 	var err error
@@ -345,7 +367,6 @@ func (ls *Lease) lose(reason string, cause error) {
 	ls.mu.Unlock()
 
 	ls.cancel(err)
-	close(ls.done)
 	ls.stopHeartbeat()
 	l.forget(ls)
 	l.observer(ls.opts).LeaseEnded(EndEvent{

@@ -3,6 +3,7 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"strings"
 	"sync"
@@ -374,5 +375,57 @@ func TestInspect_FreeKeyMessage(t *testing.T) {
 	}
 	if msg := err.Error(); !strings.Contains(msg, "key is free") || strings.Contains(msg, "lock held") {
 		t.Errorf("Inspect of a free key says %q; want \"key is free\", never \"lock held\"", msg)
+	}
+}
+
+// TestLease_EndsAsItsHeartbeatStarts: leases released, or lost to their
+// Locker's Close, around the moment their heartbeat goroutine starts (5 ms
+// after the grant) end cleanly: Release reports success once, Done is
+// closed, the key is free again, and no heartbeat is left running (the
+// package's goleak check).
+func TestLease_EndsAsItsHeartbeatStarts(t *testing.T) {
+	st := memdriver.NewStore()
+	other := dlock.New(memdriver.New(st))
+	defer other.Close()
+	ctx := context.Background()
+	for i := range 120 {
+		l := dlock.New(memdriver.New(st))
+		key := fmt.Sprintf("hbstart/%d", i)
+		lease, err := l.TryAcquire(ctx, key, dlock.WithTTL(30*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(4*time.Millisecond + time.Duration(i%20)*100*time.Microsecond)
+		if i%3 == 2 {
+			if err := l.Close(); err != nil {
+				t.Fatalf("lease %d: Close: %v", i, err)
+			}
+			if !errors.Is(lease.Err(), dlock.ErrClosed) {
+				t.Fatalf("lease %d: Err after Close = %v, want ErrClosed", i, lease.Err())
+			}
+		} else {
+			if err := lease.Release(ctx); err != nil {
+				t.Fatalf("lease %d: Release: %v", i, err)
+			}
+			if !errors.Is(lease.Err(), dlock.ErrReleased) {
+				t.Fatalf("lease %d: Err after Release = %v, want ErrReleased", i, lease.Err())
+			}
+			_ = l.Close()
+		}
+		select {
+		case <-lease.Done():
+		default:
+			t.Fatalf("lease %d: Done not closed after its end", i)
+		}
+		if lease.Context().Err() == nil {
+			t.Fatalf("lease %d: context not cancelled after its end", i)
+		}
+		next, err := other.TryAcquire(ctx, key)
+		if err != nil {
+			t.Fatalf("lease %d: the key is still held after its end: %v", i, err)
+		}
+		if err := next.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -29,7 +29,6 @@ func (ls *Lease) onMaxHold() {
 
 	ls.stopHeartbeat()
 	ls.cancel(err)
-	close(ls.done)
 	l.observer(ls.opts).LeaseEnded(EndEvent{
 		Store: l.store, KeyClass: ls.opts.keyClass, Held: time.Since(ls.start), TTL: ls.opts.ttl,
 		Lost: true, LostReason: LostMaxHold,
@@ -50,7 +49,7 @@ func (ls *Lease) endMaxHeld(ctx context.Context, reason error) error {
 	ls.relErr = ls.err
 	ls.mu.Unlock()
 	defer close(ls.ended)
-	<-ls.hbDone
+	ls.waitHeartbeat()
 	l.forget(ls)
 	if !ls.degraded {
 		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ls.opts.opTimeout)
