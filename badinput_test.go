@@ -105,3 +105,16 @@ func TestNew_NilDriverFailsEveryCall(t *testing.T) {
 		t.Fatalf("TryAcquire on a Locker made with a nil Option: %v", err)
 	}
 }
+
+// TestBadInput_ZeroLeaseAccessors: the accessors of a zero Lease (not made
+// by a Locker) answer zero values instead of panicking.
+func TestBadInput_ZeroLeaseAccessors(t *testing.T) {
+	ls := new(dlock.Lease)
+	if ls.Done() != nil || ls.TTL() != 0 || ls.Key() != "" || ls.Fence() != 0 || ls.Owner() != "" ||
+		ls.Err() != nil || ls.Context() != nil || !ls.Deadline().IsZero() || ls.Degraded() {
+		t.Fatal("a zero Lease's accessors did not answer zero values")
+	}
+	if tok := ls.Token(); tok != (dlock.LeaseToken{}) {
+		t.Fatalf("a zero Lease's Token = %+v, want the zero token", tok)
+	}
+}

@@ -198,7 +198,12 @@ func (ls *Lease) Owner() string { return ls.owner }
 func (ls *Lease) Degraded() bool { return ls.degraded }
 
 // TTL returns the lease's time to live.
-func (ls *Lease) TTL() time.Duration { return ls.opts.ttl }
+func (ls *Lease) TTL() time.Duration {
+	if ls.opts == nil { // a zero Lease, not made by a Locker
+		return 0
+	}
+	return ls.opts.ttl
+}
 
 // Deadline returns the conservative local validity deadline: the moment the
 // last confirmed acquisition or renewal request was sent, plus TTL minus
@@ -220,11 +225,21 @@ func (ls *Lease) Deadline() time.Time {
 
 // Done returns a channel that is closed when the lease ends: lost, released,
 // or its Locker closed. Err says which.
-func (ls *Lease) Done() <-chan struct{} { return ls.ctx.Done() }
+//
+// It is the lease context's Done. A zero Lease (not made by a Locker) has
+// none: nil, a channel that never closes.
+func (ls *Lease) Done() <-chan struct{} {
+	if ls.ctx == nil {
+		return nil
+	}
+	return ls.ctx.Done()
+}
 
 // Err returns nil while the lease is held; after Done is closed it returns an
-// error matching ErrLeaseLost (lost), ErrReleased (released) or ErrClosed
-// (Locker closed).
+// error matching ErrLeaseLost (lost), ErrReleased (released), ErrClosed
+// (Locker closed) or ErrMaxHoldReached (WithMaxHold). A Release or Close
+// that finds the grant already gone from the store (expired, taken over)
+// turns it into ErrLeaseLost once the store has answered.
 func (ls *Lease) Err() error {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
@@ -232,8 +247,12 @@ func (ls *Lease) Err() error {
 }
 
 // Context returns a context that is cancelled when the lease ends, with
-// context.Cause returning the same error as Err (ErrLeaseLost on loss). Run
-// the protected work under it.
+// context.Cause returning the error Err returned at that moment
+// (ErrLeaseLost on loss, ErrReleased, ErrClosed, ErrMaxHoldReached). Run the
+// protected work under it. A Release cancels it before it asks the store,
+// so that the work stops first: when the store then says the grant was
+// already gone, Release and Err report ErrLeaseLost while the cause stays
+// ErrReleased (or ErrClosed).
 func (ls *Lease) Context() context.Context { return ls.ctx }
 
 // Release stops the heartbeat, then removes the grant from the store,
@@ -266,6 +285,9 @@ func (ls *Lease) end(ctx context.Context, reason error) error {
 	case stateLost:
 		err := ls.err
 		ls.mu.Unlock()
+		// lose cancels the context right after it sets the state: wait
+		// for it, so that Release never returns while Done is still open.
+		<-ls.ctx.Done()
 		return err
 	case stateMaxHold:
 		return ls.endMaxHeld(ctx, reason) // unlocks ls.mu
@@ -303,7 +325,6 @@ func (ls *Lease) end(ctx context.Context, reason error) error {
 	ls.stopHeartbeat()
 	ls.waitHeartbeat()
 	ls.cancel(ls.err)
-	l.forget(ls)
 
 	var err error
 	if !ls.degraded {
@@ -324,6 +345,10 @@ func (ls *Lease) end(ctx context.Context, reason error) error {
 		ls.err = err
 	}
 	ls.mu.Unlock()
+	// Forgotten only now: a Close of the Locker meanwhile finds the lease
+	// still among its own, waits for this release (ls.ended) and closes
+	// the driver after it, not under it.
+	l.forget(ls)
 	if reason == ErrClosed {
 		return nil
 	}

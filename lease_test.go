@@ -429,3 +429,101 @@ func TestLease_EndsAsItsHeartbeatStarts(t *testing.T) {
 		}
 	}
 }
+
+// gatedRelease is a driver whose Release waits for its gate, after saying
+// it has begun.
+type gatedRelease struct {
+	driver.Driver
+	begun chan struct{}
+	gate  chan struct{}
+}
+
+func (g *gatedRelease) Release(ctx context.Context, key, owner string) error {
+	close(g.begun)
+	<-g.gate
+	return g.Driver.Release(ctx, key, owner)
+}
+
+// TestLease_CloseWaitsForAReleaseUnderWay: the Locker's Close while a
+// Release is asking the store waits for that release, and closes the
+// driver after it: the release succeeds and the key is free. (Close used
+// to skip a lease whose release had begun and close the driver under it:
+// the release failed and the grant stayed on the store until its TTL.)
+func TestLease_CloseWaitsForAReleaseUnderWay(t *testing.T) {
+	st := memdriver.NewStore()
+	drv := &gatedRelease{Driver: memdriver.New(st), begun: make(chan struct{}), gate: make(chan struct{})}
+	l := dlock.New(drv)
+	ctx := context.Background()
+	lease, err := l.TryAcquire(ctx, "close/under-release", dlock.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := make(chan error, 1)
+	go func() { released <- lease.Release(ctx) }()
+	<-drv.begun
+	closed := make(chan error, 1)
+	go func() { closed <- l.Close() }()
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) while a release was still asking the store", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(drv.gate)
+	if err := <-released; err != nil {
+		t.Fatalf("Release under a concurrent Close: %v, want nil", err)
+	}
+	if err := <-closed; err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	other := dlock.New(memdriver.New(st))
+	defer other.Close()
+	next, err := other.TryAcquire(ctx, "close/under-release")
+	if err != nil {
+		t.Fatalf("the key is still held after Release and Close: %v", err)
+	}
+	_ = next.Release(ctx)
+}
+
+// TestLease_EndedBeforeReleaseReturns: a Release of a lease that WithMaxHold
+// has just ended returns only once Done is closed, with the error Err
+// reports (it could return ErrMaxHoldReached while Done was still open).
+func TestLease_EndedBeforeReleaseReturns(t *testing.T) {
+	st := memdriver.NewStore()
+	l := dlock.New(memdriver.New(st))
+	defer l.Close()
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 400 {
+				key := fmt.Sprintf("ended/%d/%d", g, i)
+				hold := time.Duration(200+(i%30)*100) * time.Microsecond
+				lease, err := l.TryAcquire(ctx, key, dlock.WithTTL(time.Minute), dlock.WithMaxHold(hold))
+				if err != nil {
+					errs <- err
+					return
+				}
+				time.Sleep(hold - 150*time.Microsecond + time.Duration(i%7)*50*time.Microsecond)
+				err = lease.Release(ctx)
+				select {
+				case <-lease.Done():
+				default:
+					errs <- fmt.Errorf("lease %s: Release returned %v with Done still open", key, err)
+					return
+				}
+				if err != nil && (!errors.Is(err, dlock.ErrMaxHoldReached) || !errors.Is(lease.Err(), dlock.ErrMaxHoldReached)) {
+					errs <- fmt.Errorf("lease %s: Release: %v, Err: %v; want nil or ErrMaxHoldReached for both", key, err, lease.Err())
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}

@@ -49,13 +49,18 @@ func (ls *Lease) endMaxHeld(ctx context.Context, reason error) error {
 	ls.relErr = ls.err
 	ls.mu.Unlock()
 	defer close(ls.ended)
+	// onMaxHold cancels the context right after it sets the state: wait
+	// for it, so that Release never returns while Done is still open.
+	<-ls.ctx.Done()
 	ls.waitHeartbeat()
-	l.forget(ls)
 	if !ls.degraded {
 		octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ls.opts.opTimeout)
 		_ = l.drv.Release(octx, ls.key, ls.owner) // ErrLeaseLost: it had expired already
 		cancel()
 	}
+	// Forgotten only after the store release, as in end: a Close meanwhile
+	// waits for it.
+	l.forget(ls)
 	if reason == ErrClosed {
 		return nil
 	}

@@ -38,7 +38,7 @@ type LeaseToken struct {
 // process. A degraded lease (WithFailOpen) has no grant on the store: its
 // token has Fence 0, which Resume refuses with ErrInvalidArgument.
 func (ls *Lease) Token() LeaseToken {
-	return LeaseToken{Key: ls.key, Owner: ls.owner, Fence: ls.fence, TTL: ls.opts.ttl}
+	return LeaseToken{Key: ls.key, Owner: ls.owner, Fence: ls.fence, TTL: ls.TTL()}
 }
 
 // Check returns nil when the token is well formed (a valid key and owner

@@ -33,9 +33,11 @@ func SessionOpen(d *Driver) bool { return d.calls.Load() != nil }
 // carries, and those on each extra connection dialled for Waits past
 // WaitsPerConn (waitconns.go).
 func WaitStreams(d *Driver) (first int, extras []int) {
-	m := d.cl.members[0]
-	if m.waits == nil {
+	d.cl.mu.Lock()
+	w := d.cl.members[0].waits // set under cl.mu when the member is first dialled
+	d.cl.mu.Unlock()
+	if w == nil {
 		return 0, nil
 	}
-	return m.waits.counts()
+	return w.counts()
 }
