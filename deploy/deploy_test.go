@@ -471,4 +471,30 @@ func lockTraffic(t *testing.T, ctx context.Context, c *servertest.Cluster, leade
 	case <-time.After(10 * time.Second):
 		t.Fatal("the force-released lease was not lost within 10s")
 	}
+	// The lease's context (and Done) is cancelled first, so that the
+	// holder stops at once; its observer hears of the loss just after.
+	deadline := time.Now().Add(5 * time.Second)
+	for !hasFamily(t, col, "dlock_leases_lost_total") {
+		if time.Now().After(deadline) {
+			t.Fatal("the collector counted no lost lease within 5 s of the loss")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// hasFamily reports whether col exports a metric family named name.
+func hasFamily(t *testing.T, col *metrics.Collector, name string) bool {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(col)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return true
+		}
+	}
+	return false
 }
