@@ -316,19 +316,9 @@ func TestMetricNames_ExistInCode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	families := map[string]dto.MetricType{}
 	col := metrics.NewCollector()
 	lockTraffic(t, ctx, c, leader, col)
-
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(col)
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		families[mf.GetName()] = mf.GetType()
-	}
+	families := collectorFamilies(t, col)
 	// The leader exports the member series once every member answers.
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		if _, ok := scrape(t, ctx, c, leader)["dlockd_cluster_member_lag_entries"]; ok || time.Now().After(deadline) {
@@ -474,7 +464,10 @@ func lockTraffic(t *testing.T, ctx context.Context, c *servertest.Cluster, leade
 	// The lease's context (and Done) is cancelled first, so that the
 	// holder stops at once; its observer hears of the loss just after.
 	deadline := time.Now().Add(5 * time.Second)
-	for !hasFamily(t, col, "dlock_leases_lost_total") {
+	for {
+		if _, ok := collectorFamilies(t, col)["dlock_leases_lost_total"]; ok {
+			break
+		}
 		if time.Now().After(deadline) {
 			t.Fatal("the collector counted no lost lease within 5 s of the loss")
 		}
@@ -482,19 +475,19 @@ func lockTraffic(t *testing.T, ctx context.Context, c *servertest.Cluster, leade
 	}
 }
 
-// hasFamily reports whether col exports a metric family named name.
-func hasFamily(t *testing.T, col *metrics.Collector, name string) bool {
+// collectorFamilies returns the metric families col exports, by name,
+// gathered through a pedantic registry.
+func collectorFamilies(t *testing.T, col *metrics.Collector) map[string]dto.MetricType {
 	t.Helper()
-	reg := prometheus.NewRegistry()
+	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(col)
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
+	families := make(map[string]dto.MetricType, len(mfs))
 	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return true
-		}
+		families[mf.GetName()] = mf.GetType()
 	}
-	return false
+	return families
 }
