@@ -42,7 +42,10 @@
 // Memory: once allocation has been quiet for --release-memory-after
 // (default 5s; 0: off), dlockd returns to the OS the heap a burst of
 // requests left free (memory.go); --gc-percent (or GOGC) and GOMEMLIMIT
-// are Go's own settings.
+// are Go's own settings. Unless GOGC is set, the heap may grow at least
+// --gc-headroom-bytes (default 16 MiB; 0: off) past the live heap between
+// two collections, so that a server holding few leases does not collect
+// many times a second under load.
 //
 // Logs go to stderr in one format (--log-format text or json) at one level
 // (--log-level), Raft's included. dlockd --version prints the build (the
@@ -88,6 +91,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	configPath := fs.String(configFlag, "", "read flags from this YAML file (keys are the long flag names: listen: 127.0.0.1:7450); flags on the command line win")
 	cfg.RegisterFlags(fs)
 	gcPercent := fs.Int("gc-percent", 100, "Go GC target percentage when GOGC is not set (lower: less memory, more CPU)")
+	gcHeadroomBytes := fs.Int64("gc-headroom-bytes", 16<<20, "the least heap growth, bytes, between two Go GC runs when GOGC is not set: the heap goal is max(live heap × (1 + gc-percent/100), live heap + this), so a server holding few leases does not collect many times a second under load (at the cost of up to this much garbage while busy); 0: gc-percent alone")
 	releaseAfter := fs.Duration("release-memory-after", 5*time.Second, "return to the OS the heap memory a burst of allocation left free once allocation has been quiet this long (one forced GC); 0: leave it to Go's scavenger")
 	logLevel := fs.String("log-level", "info", "log level of dlockd and Raft: debug, info, warn, error")
 	logFormat := fs.String("log-format", "text", "log format: text or json (one object a line)")
@@ -121,8 +125,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "dlockd: --release-memory-after %v: want 0 (off) or a positive duration\n", *releaseAfter)
 		return 2
 	}
+	if *gcHeadroomBytes < 0 {
+		fmt.Fprintf(stderr, "dlockd: --gc-headroom-bytes %d: want 0 (off) or a positive number of bytes\n", *gcHeadroomBytes)
+		return 2
+	}
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(*gcPercent)
+		defer startGCHeadroom(*gcPercent, uint64(*gcHeadroomBytes))()
 	}
 	if !cfg.Pprof {
 		// Nobody can read a heap profile without --pprof: sample no

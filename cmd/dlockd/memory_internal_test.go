@@ -2,7 +2,9 @@ package main
 
 import (
 	"log/slog"
+	"math"
 	"runtime"
+	"runtime/debug"
 	"runtime/metrics"
 	"testing"
 	"time"
@@ -66,4 +68,111 @@ func TestMemoryRelease_ReturnsBurstHeap(t *testing.T) {
 	}
 	runtime.KeepAlive(live)
 	runtime.KeepAlive(burst)
+}
+
+func TestGCPercentFor(t *testing.T) {
+	const mib = 1 << 20
+	for _, c := range []struct {
+		name           string
+		base           int
+		live, headroom uint64
+		want           int
+	}{
+		{"small live heap: the headroom sets the goal", 100, 4 * mib, 16 * mib, 400},
+		{"rounded up", 100, 3 * mib, 16 * mib, 534},
+		{"large live heap: gc-percent leaves more room", 100, 64 * mib, 16 * mib, 100},
+		{"exactly the headroom", 100, 16 * mib, 16 * mib, 100},
+		{"a lower gc-percent", 50, 20 * mib, 16 * mib, 80},
+		{"no headroom", 100, 1 * mib, 0, 100},
+		{"live heap unknown", 100, 0, 16 * mib, 100},
+		{"GC off stays off", -1, 1 * mib, 16 * mib, -1},
+		{"a tiny live heap is capped", 100, 1, 1 << 40, math.MaxInt32},
+	} {
+		if got := gcPercentFor(c.base, c.live, c.headroom); got != c.want {
+			t.Errorf("%s: gcPercentFor(%d, %d, %d) = %d, want %d", c.name, c.base, c.live, c.headroom, got, c.want)
+		}
+	}
+}
+
+// gcPercent reads the collector's current GC percentage.
+func gcPercent(t *testing.T) int {
+	t.Helper()
+	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		t.Fatalf("/gc/gogc:percent: kind %v", s[0].Value.Kind())
+	}
+	return int(s[0].Value.Uint64())
+}
+
+// TestGCHeadroom_FollowsTheLiveHeap: with a small live heap the GC
+// percentage is raised so that the heap may grow by the headroom between
+// collections; once the live heap outgrows the headroom, a collection
+// brings it back to gc-percent; stop restores gc-percent.
+func TestGCHeadroom_FollowsTheLiveHeap(t *testing.T) {
+	old := debug.SetGCPercent(100)
+	defer debug.SetGCPercent(old)
+	runtime.GC()
+	stop := startGCHeadroom(100, 256<<20)
+	stopped := false
+	defer func() {
+		if !stopped {
+			stop()
+		}
+	}()
+	awaitPercent := func(what string, ok func(int) bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !ok(gcPercent(t)) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: GC percentage %d after 10 s", what, gcPercent(t))
+			}
+			runtime.GC()
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	// The test binary's live heap is a few MiB: 256 MiB of headroom is
+	// many times it.
+	awaitPercent("small live heap", func(p int) bool { return p > 1000 })
+
+	// 384 MiB live (pointer-free, so cheap to hold): gc-percent's room
+	// (384 MiB) is more than the headroom.
+	live := make([][]byte, 0, 384)
+	for range cap(live) {
+		live = append(live, make([]byte, 1<<20))
+	}
+	awaitPercent("large live heap", func(p int) bool { return p == 100 })
+	runtime.KeepAlive(live)
+	live = nil
+	awaitPercent("small again", func(p int) bool { return p > 1000 })
+
+	stop()
+	stopped = true
+	if p := gcPercent(t); p != 100 {
+		t.Errorf("after stop: GC percentage %d, want gc-percent (100)", p)
+	}
+	runtime.GC()
+	time.Sleep(50 * time.Millisecond)
+	if p := gcPercent(t); p != 100 {
+		t.Errorf("a collection after stop: GC percentage %d, want 100 (the headroom kept adjusting)", p)
+	}
+}
+
+// TestGCHeadroom_OffStartsNothing: no headroom, or GC off, leaves the
+// percentage alone.
+func TestGCHeadroom_OffStartsNothing(t *testing.T) {
+	old := debug.SetGCPercent(70)
+	defer debug.SetGCPercent(old)
+	for _, c := range []struct {
+		base     int
+		headroom uint64
+	}{{70, 0}, {-1, 16 << 20}} {
+		stop := startGCHeadroom(c.base, c.headroom)
+		runtime.GC()
+		time.Sleep(20 * time.Millisecond)
+		if p := gcPercent(t); p != 70 {
+			t.Errorf("startGCHeadroom(%d, %d): GC percentage %d, want 70 untouched", c.base, c.headroom, p)
+		}
+		stop()
+	}
 }
