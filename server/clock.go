@@ -2,6 +2,7 @@ package server
 
 import (
 	"container/heap"
+	"math"
 	"sort"
 	"sync"
 	"time"
@@ -155,6 +156,14 @@ type leaseClock struct {
 	shared map[keyOwner]*lease
 	heap   leaseHeap
 	wake   chan struct{} // buffered 1: the earliest deadline may have moved
+	// sleepDue is the earliest due the expiry loop saw when it last took
+	// the expired countdowns (takeExpired), so it wakes by then at the
+	// latest (math.MaxInt64: none); valid while sleepSet. apply wakes the
+	// loop only for a countdown due before it: an event per applied entry
+	// otherwise woke the loop to find nothing to do (a goroutine switch per
+	// handoff on the critical path of a busy node).
+	sleepDue int64
+	sleepSet bool
 
 	graceTerm uint64       // the term of leadership the grace entries belong to
 	grace     []graceEntry // sorted by end of grace
@@ -252,6 +261,7 @@ func (c *leaseClock) fix(l *lease) {
 func (c *leaseClock) apply(evs []event) {
 	now := c.at(c.now())
 	c.mu.Lock()
+	earliest := int64(math.MaxInt64) // the earliest due of a countdown made or moved
 	for i := range evs {
 		ev := &evs[i]
 		switch ev.kind {
@@ -261,6 +271,7 @@ func (c *leaseClock) apply(evs []event) {
 				l.claimBy = now + int64(c.claimWindow)
 			}
 			c.put(l)
+			earliest = min(earliest, l.due())
 		case evRemoved:
 			if l := c.grantLease(ev.key, ev.owner, ev.shared); l != nil {
 				if c.ended != nil && !l.restored() {
@@ -287,6 +298,7 @@ func (c *leaseClock) apply(evs []event) {
 				l.expiring = false
 				l.suspect, l.loggedLeft = false, 0
 				c.fix(l)
+				earliest = min(earliest, l.due())
 			}
 		case evSuspect:
 			// The table now holds the grant's time left: a new leader
@@ -296,7 +308,9 @@ func (c *leaseClock) apply(evs []event) {
 				l.loggedLeft = ev.ttl
 			}
 		case evDelayed:
-			c.put(&lease{key: ev.key, owner: ev.owner, ttl: ev.ttl, version: ev.version, deadline: now + int64(ev.ttl), delay: true, attrs: attrsOf(false, ev.shared)})
+			l := &lease{key: ev.key, owner: ev.owner, ttl: ev.ttl, version: ev.version, deadline: now + int64(ev.ttl), delay: true, attrs: attrsOf(false, ev.shared)}
+			c.put(l)
+			earliest = min(earliest, l.due())
 		case evDelayEnded:
 			l := c.byKey[ev.key]
 			if ev.shared {
@@ -307,8 +321,13 @@ func (c *leaseClock) apply(evs []event) {
 			}
 		}
 	}
+	// A countdown removed, or moved later, needs no wake: the loop wakes
+	// at the due it saw, finds nothing and sleeps again.
+	wake := !c.sleepSet || earliest < c.sleepDue
 	c.mu.Unlock()
-	c.poke()
+	if wake {
+		c.poke()
+	}
 }
 
 // restartAt restarts l from now, as a new term of leadership does: a
@@ -356,6 +375,7 @@ func (c *leaseClock) reset(state []event) {
 		c.heap = append(c.heap, l)
 	}
 	heap.Init(&c.heap)
+	c.sleepSet = false
 	c.mu.Unlock()
 	c.poke()
 }
@@ -383,6 +403,7 @@ func (c *leaseClock) restartAll() {
 	}
 	heap.Init(&c.heap)
 	c.graceTerm, c.grace = 0, nil
+	c.sleepSet = false
 	c.mu.Unlock()
 	c.poke()
 }
@@ -522,9 +543,11 @@ func (c *leaseClock) takeExpired(t time.Time, limit int) ([]fired, time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var out []fired
+	c.sleepSet, c.sleepDue = true, math.MaxInt64
 	for len(c.heap) > 0 && len(out) < limit {
 		l := c.heap[0]
 		if now < l.due() {
+			c.sleepDue = l.due()
 			return out, c.toTime(l.due())
 		}
 		x := expiry{key: l.key, owner: l.owner, version: l.version}
@@ -548,6 +571,7 @@ func (c *leaseClock) takeExpired(t time.Time, limit int) ([]fired, time.Time) {
 		out = append(out, f)
 	}
 	if len(c.heap) > 0 {
+		c.sleepDue = c.heap[0].due()
 		return out, c.toTime(c.heap[0].due())
 	}
 	return out, time.Time{}

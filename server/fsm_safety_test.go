@@ -429,6 +429,71 @@ func TestLeaseClock_TTLChangeRacingExpiry(t *testing.T) {
 	}
 }
 
+// TestLeaseClock_WakesTheLoopOnlyForAnEarlierDue: applied events wake the
+// expiry loop only when a countdown is due before the due the loop last saw
+// (it wakes by then anyway); before the loop has looked, after a reset and
+// after a new term, every apply wakes it.
+func TestLeaseClock_WakesTheLoopOnlyForAnEarlierDue(t *testing.T) {
+	now := time.Unix(1000, 0)
+	c := newLeaseClock(func() time.Time { return now }, time.Second)
+	woke := func() bool {
+		select {
+		case <-c.wake:
+			return true
+		default:
+			return false
+		}
+	}
+	grant := func(key string, version uint64, ttl time.Duration, handoff bool) {
+		c.apply([]event{{kind: evGranted, key: key, owner: "o-" + key, fence: version, version: version, ttl: ttl, handoff: handoff}})
+	}
+	grant("a", 1, 10*time.Second, false)
+	if !woke() {
+		t.Fatal("first grant, before the loop looked: no wake")
+	}
+	if _, next := c.takeExpired(now, 10); !next.Equal(now.Add(4 * time.Second)) {
+		t.Fatalf("next due %v, want a's suspicion check 4s on", next.Sub(now))
+	}
+	steps := []struct {
+		what string
+		do   func()
+		want bool
+	}{
+		{"a later grant", func() { grant("b", 2, 20*time.Second, false) }, false},
+		{"a release", func() { c.apply([]event{{kind: evRemoved, key: "a", owner: "o-a"}}) }, false},
+		{"an earlier grant", func() { grant("c", 3, time.Second, false) }, true},
+		{"a handover due at its claim window, after c's check", func() { grant("d", 4, time.Minute, true) }, false},
+		{"a shorter TTL through the log", func() {
+			c.apply([]event{{kind: evTTL, key: "b", owner: "o-b", version: 5, ttl: 200 * time.Millisecond}})
+		}, true},
+		{"a lock-delay due later", func() { c.apply([]event{{kind: evDelayed, key: "e", version: 6, ttl: 100 * time.Millisecond}}) }, false},
+		{"a lock-delay due sooner", func() { c.apply([]event{{kind: evDelayed, key: "f", version: 7, ttl: 50 * time.Millisecond}}) }, true},
+	}
+	for _, st := range steps {
+		st.do()
+		got := woke()
+		if got != st.want {
+			t.Errorf("%s: woke %v, want %v", st.what, got, st.want)
+		}
+		if got {
+			c.takeExpired(now, 10) // what the woken loop does
+		}
+	}
+	// A new term restarts every countdown: the next apply wakes the loop,
+	// whatever it is due, until the loop has looked again.
+	c.restartAll()
+	woke()
+	grant("g", 8, time.Hour, false)
+	if !woke() {
+		t.Error("after a new term: no wake")
+	}
+	c.takeExpired(now, 10)
+	grant("h", 9, time.Hour, false)
+	if woke() {
+		t.Error("after the loop looked again: a later grant woke it")
+	}
+}
+
 // TestLeaseClock_ClaimWindow: a handed-over grant that is not renewed within
 // the claim window fires as unclaimed; a renewal claims it; a new term
 // forgets claims (late, never early).
