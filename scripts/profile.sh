@@ -38,8 +38,12 @@ raft=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); pr
 "$work/dlockd" --listen "127.0.0.1:$port" --raft-bind "127.0.0.1:$raft" --data "$work/data" --pprof \
   >"$out/dlockd.log" 2>&1 &
 pid=$!
-for _ in $(seq 100); do
-  if curl -fsS "http://127.0.0.1:$port/debug/pprof/" >/dev/null 2>&1; then break; fi
+# Wait until dlockd leads (/readyz), not only until it answers HTTP: a
+# client that dials before the election finds the Session stream refused
+# and uses the unary RPCs until its retry (up to 2 s later), so the cell's
+# first seconds would measure another path.
+for _ in $(seq 200); do
+  if curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1; then break; fi
   sleep 0.1
 done
 
