@@ -140,9 +140,9 @@ func gcPercentFor(base int, live, headroom uint64) int {
 	if headroom == 0 || live == 0 || base < 0 {
 		return base
 	}
-	need := (headroom*100 + live - 1) / live
-	if need > math.MaxInt32 {
-		need = math.MaxInt32
+	need := math.Ceil(float64(headroom) * 100 / float64(live)) // no overflow for any inputs
+	if need >= math.MaxInt32 {
+		return math.MaxInt32
 	}
 	return max(base, int(need))
 }

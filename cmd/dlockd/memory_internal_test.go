@@ -87,6 +87,8 @@ func TestGCPercentFor(t *testing.T) {
 		{"live heap unknown", 100, 0, 16 * mib, 100},
 		{"GC off stays off", -1, 1 * mib, 16 * mib, -1},
 		{"a tiny live heap is capped", 100, 1, 1 << 40, math.MaxInt32},
+		{"the largest headroom does not overflow", 100, 64 * mib, math.MaxInt64, math.MaxInt32},
+		{"the largest live heap", 100, math.MaxUint64, 16 * mib, 100},
 	} {
 		if got := gcPercentFor(c.base, c.live, c.headroom); got != c.want {
 			t.Errorf("%s: gcPercentFor(%d, %d, %d) = %d, want %d", c.name, c.base, c.live, c.headroom, got, c.want)
