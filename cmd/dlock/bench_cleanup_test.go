@@ -318,17 +318,21 @@ func etcdClient(t *testing.T, e *testservers.Etcd) *clientv3.Client {
 }
 
 // TestBench_Baselines: --raw-redis and --limits-dir add the baseline to the
-// report (raw Redis W1 and W2, a loopback round trip and fdatasync), and
-// the raw loops leave nothing behind in the user's Redis either.
+// report (raw Redis W1 and W2, a loopback round trip and fdatasync),
+// --paired-baselines a raw Redis cell before each W1 row, and the raw loops
+// leave nothing behind in the user's Redis either.
 func TestBench_Baselines(t *testing.T) {
 	r := testservers.StartRedis(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c := redisWithUserData(t, ctx, r)
 	res := dlock(t, r.URL(), "bench", "--store", r.URL(), "--clients", "2", "--contended", "2",
-		"--duration", "200ms", "--skip-hold", "--raw-redis", r.Addr(), "--limits-dir", t.TempDir(), "-o", "json")
+		"--duration", "200ms", "--skip-hold", "--raw-redis", r.Addr(), "--limits-dir", t.TempDir(), "--paired-baselines", "-o", "json")
 	wantCode(t, res, 0)
 	var rep struct {
+		Uncontended []struct {
+			RawRedisBefore float64 `json:"raw_redis_before_cycles_per_sec"`
+		} `json:"uncontended"`
 		Baseline struct {
 			RawRedis []struct {
 				CyclesPerSec float64 `json:"cycles_per_sec"`
@@ -348,6 +352,9 @@ func TestBench_Baselines(t *testing.T) {
 	b := rep.Baseline
 	if len(b.RawRedis) != 1 || b.RawRedis[0].CyclesPerSec <= 0 || len(b.RawRedisContended) != 1 || b.RawRedisContended[0].HandoffsPerSec <= 0 || b.Limits.RTT <= 0 || b.Limits.Fsync <= 0 {
 		t.Fatalf("baseline %+v\n%s", b, res.stdout)
+	}
+	if len(rep.Uncontended) != 1 || rep.Uncontended[0].RawRedisBefore <= 0 {
+		t.Fatalf("--paired-baselines: W1 rows %+v, want one with the raw Redis cell run before it\n%s", rep.Uncontended, res.stdout)
 	}
 	wantOnlyUserData(t, ctx, c, "bench --raw-redis")
 }

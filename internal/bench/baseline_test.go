@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -156,6 +157,65 @@ func TestRun_RawRecipesBesideTheStores(t *testing.T) {
 	for _, c := range children {
 		if strings.HasPrefix(c, "dlock-bench-raw-") {
 			t.Errorf("raw ZooKeeper node left: /%s", c)
+		}
+	}
+}
+
+// TestRun_PairedBaselines: with PairedBaselines, each W1 row carries the
+// raw Redis cell run just before it (and an etcd row its raw recipe's),
+// and its Markdown ratios are taken against those, with the raw figure
+// named beside each ratio.
+func TestRun_PairedBaselines(t *testing.T) {
+	r := testservers.StartRedis(t)
+	e := testservers.StartEtcd(t)
+	rep, err := Run(t.Context(), Config{
+		Stores: []string{r.URL(), e.URL()}, Clients: []int{1, 2}, ContendedClients: []int{2},
+		Duration: 200 * time.Millisecond, SkipHold: true,
+		RawRedisAddr: r.Addr(), RawEtcdEndpoint: e.Addr(), PairedBaselines: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Uncontended) != 4 {
+		t.Fatalf("%d W1 rows, want 4", len(rep.Uncontended))
+	}
+	var buf bytes.Buffer
+	rep.Markdown(&buf)
+	md := buf.String()
+	if !strings.Contains(md, "Each ratio is against the raw cell run just before this row's") {
+		t.Errorf("markdown does not say the ratios are paired:\n%s", md)
+	}
+	for _, c := range rep.Uncontended {
+		name := storeName(c.Store)
+		if c.RawRedisBefore <= 0 {
+			t.Errorf("%s W1 %d clients: no raw Redis cell before it (%+v)", name, c.Clients, c)
+		}
+		if wantRecipe := name == "etcd"; (c.RawRecipeBefore > 0) != wantRecipe {
+			t.Errorf("%s W1 %d clients: raw recipe before it %v, want one: %v", name, c.Clients, c.RawRecipeBefore, wantRecipe)
+		}
+		// The row's ratios are against its own raw cells, which the
+		// row names.
+		row := fmt.Sprintf("| %s | %d | %.0f | %s | ", name, c.Clients, c.CyclesPerSec, pairedRatio(c.CyclesPerSec, c.RawRedisBefore, 0))
+		if !strings.Contains(md, row) {
+			t.Errorf("markdown lacks the row %q:\n%s", row, md)
+		}
+		if name == "etcd" && !strings.Contains(md, row+pairedRatio(c.CyclesPerSec, c.RawRecipeBefore, 0)+" |") {
+			t.Errorf("etcd row %d clients lacks its ratio to the raw recipe run before it:\n%s", c.Clients, md)
+		}
+	}
+}
+
+func TestPairedRatio(t *testing.T) {
+	for _, c := range []struct {
+		v, before, base float64
+		want            string
+	}{
+		{100, 400, 1000, "0.25× (400)"},
+		{100, 0, 1000, "0.10×"},
+		{100, 0, 0, ""},
+	} {
+		if got := pairedRatio(c.v, c.before, c.base); got != c.want {
+			t.Errorf("pairedRatio(%v, %v, %v) = %q, want %q", c.v, c.before, c.base, got, c.want)
 		}
 	}
 }

@@ -60,7 +60,16 @@ type Config struct {
 	// trip, fdatasync of 4 KiB appends in this directory: that of a
 	// durable store's data).
 	LimitsDir string
-	Progress  func(format string, args ...any)
+	// PairedBaselines, with RawRedisAddr (and RawEtcdEndpoint, RawZKAddr
+	// for the etcd and zk rows), runs the raw W1 cell again just before
+	// each store's W1 cell at the same client count, and the row's ratios
+	// are taken against it (Uncontended.RawRedisBefore, RawRecipeBefore)
+	// rather than against the baseline measured at the start of the run,
+	// minutes earlier: a shared machine's speed drifts by more than the
+	// differences the ratios are read for. Each W1 cell then takes about
+	// twice as long.
+	PairedBaselines bool
+	Progress        func(format string, args ...any)
 }
 
 func (c *Config) defaults() {
@@ -89,6 +98,12 @@ type Uncontended struct {
 	AcquireP50Us float64 `json:"acquire_p50_us"`
 	AcquireP99Us float64 `json:"acquire_p99_us"`
 	Errors       int64   `json:"errors"`
+	// RawRedisBefore and RawRecipeBefore are the cycles/s of the raw
+	// Redis cell and of the store's raw recipe (etcd, zk) run just
+	// before this one at the same client count (Config.PairedBaselines);
+	// 0: not run.
+	RawRedisBefore  float64 `json:"raw_redis_before_cycles_per_sec,omitempty"`
+	RawRecipeBefore float64 `json:"raw_recipe_before_cycles_per_sec,omitempty"`
 }
 
 // Contended is one W2 cell.
@@ -198,11 +213,19 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	}
 	for _, store := range cfg.Stores {
 		for _, n := range cfg.Clients {
+			var before Uncontended
+			if cfg.PairedBaselines {
+				var err error
+				if before, err = pairedBaselines(ctx, cfg, store, n); err != nil {
+					return rep, err
+				}
+			}
 			cfg.Progress("W1 %s, %d clients", Redact(store), n)
 			r, err := uncontended(ctx, store, n, cfg.Duration)
 			if err != nil {
 				return rep, err
 			}
+			r.RawRedisBefore, r.RawRecipeBefore = before.RawRedisBefore, before.RawRecipeBefore
 			rep.Uncontended = append(rep.Uncontended, r)
 		}
 		for _, n := range cfg.ContendedClients {
@@ -227,6 +250,39 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		}
 	}
 	return rep, nil
+}
+
+// pairedBaselines runs the raw cells that store's W1 cell at n clients is
+// read against (Config.PairedBaselines): raw Redis, and for an etcd or zk
+// store its raw recipe. It returns their cycles/s in RawRedisBefore and
+// RawRecipeBefore (0 for a baseline the run has no server for).
+func pairedBaselines(ctx context.Context, cfg Config, store string, n int) (Uncontended, error) {
+	var out Uncontended
+	if cfg.RawRedisAddr != "" {
+		cfg.Progress("W1 raw Redis, %d clients, before %s", n, Redact(store))
+		r, err := RawRedisUncontended(ctx, cfg.RawRedisAddr, n, cfg.Duration)
+		if err != nil {
+			return out, err
+		}
+		out.RawRedisBefore = r.CyclesPerSec
+	}
+	var recipe func(context.Context, string, int, time.Duration) (Uncontended, error)
+	var addr string
+	switch storeName(store) {
+	case "etcd":
+		recipe, addr = RawEtcdUncontended, cfg.RawEtcdEndpoint
+	case "zk":
+		recipe, addr = RawZKUncontended, cfg.RawZKAddr
+	}
+	if recipe != nil && addr != "" {
+		cfg.Progress("W1 raw %s recipe, %d clients, before %s", storeName(store), n, Redact(store))
+		r, err := recipe(ctx, addr, n, cfg.Duration)
+		if err != nil {
+			return out, err
+		}
+		out.RawRecipeBefore = r.CyclesPerSec
+	}
+	return out, nil
 }
 
 // runBaseline measures the machine's limits and the raw baselines (Redis,

@@ -97,13 +97,26 @@ func (r Report) Markdown(w io.Writer) {
 	if len(r.Uncontended) > 0 {
 		fmt.Fprintln(w, "### W1 — uncontended acquire+release (each client its own key)")
 		fmt.Fprintln(w)
+		paired := false
+		for _, c := range r.Uncontended {
+			paired = paired || c.RawRedisBefore > 0 || c.RawRecipeBefore > 0
+		}
+		if paired {
+			// Config.PairedBaselines: each ratio is against the raw cell
+			// run just before the row's, named beside it.
+			fmt.Fprintln(w, "Each ratio is against the raw cell run just before this row's, at the same client count (its cycles/s in brackets), not against the baseline measured at the start of the run.")
+			fmt.Fprintln(w)
+		}
 		fmt.Fprintln(w, "| store | clients | cycles/s | × raw Redis | × raw recipe | acquire p50 | acquire p99 | errors |")
 		fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
 		for _, c := range r.Uncontended {
 			name := storeName(c.Store)
 			// × raw recipe: etcd and zk rows against their store's raw
 			// recipe at the same client count.
-			fmt.Fprintf(w, "| %s | %d | %.0f | %s | %s | %s | %s | %d |\n", name, c.Clients, c.CyclesPerSec, ratio(c.CyclesPerSec, rawW1[c.Clients]), ratio(c.CyclesPerSec, recipe[name][c.Clients]), us(c.AcquireP50Us), us(c.AcquireP99Us), c.Errors)
+			fmt.Fprintf(w, "| %s | %d | %.0f | %s | %s | %s | %s | %d |\n", name, c.Clients, c.CyclesPerSec,
+				pairedRatio(c.CyclesPerSec, c.RawRedisBefore, rawW1[c.Clients]),
+				pairedRatio(c.CyclesPerSec, c.RawRecipeBefore, recipe[name][c.Clients]),
+				us(c.AcquireP50Us), us(c.AcquireP99Us), c.Errors)
 		}
 		fmt.Fprintln(w)
 	}
@@ -143,6 +156,15 @@ func (r Report) Markdown(w io.Writer) {
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// pairedRatio is v against before, the raw cell run just before v's, as
+// "0.42× (38600)"; without one, v against base, the run's baseline (ratio).
+func pairedRatio(v, before, base float64) string {
+	if before > 0 {
+		return fmt.Sprintf("%s (%.0f)", ratio(v, before), before)
+	}
+	return ratio(v, base)
 }
 
 // ratio is v/base as "0.42×", blank when base was not measured.

@@ -9,6 +9,9 @@ package bench
 // recipes with their official clients alone (Baseline), so that each store's
 // figures come with their ratios to those of the same run:
 //
+// Each W1 row's ratios are against the raw cells run just before it
+// (BENCH_PAIRED=0: against the baseline at the start of the run only).
+//
 //	make bench-stores                      # writes docs/BENCHMARKS-run.md
 //	BENCH_DURATION=5s BENCH_HOLD_KEYS=100000 BENCH_HOLD_SETTLE=15s BENCH_OUT=/tmp/run.md \
 //	  go test -run '^$' -bench SideBySide -benchtime 1x -timeout 60m ./internal/bench
@@ -65,6 +68,9 @@ func BenchmarkSideBySide(b *testing.B) {
 		}
 		settle = d
 	}
+	// Each W1 row's ratios are against raw cells run just before it
+	// (Config.PairedBaselines) unless BENCH_PAIRED=0.
+	paired := os.Getenv("BENCH_PAIRED") != "0"
 	only := os.Getenv("BENCH_STORES") // e.g. "dlockd,redis"; empty: all
 	want := func(name string) bool {
 		return only == "" || strings.Contains(","+only+",", ","+name+",")
@@ -147,7 +153,8 @@ func BenchmarkSideBySide(b *testing.B) {
 		rep, err := Run(b.Context(), Config{
 			Stores: stores, Duration: dur, HoldKeys: holdKeys, HoldSettle: settle, ServerPIDs: pids,
 			RawRedisAddr: rawRedis, RawEtcdEndpoint: rawEtcd, RawZKAddr: rawZK, LimitsDir: limitsDir,
-			Progress: func(format string, args ...any) { b.Logf(format, args...) },
+			PairedBaselines: paired,
+			Progress:        func(format string, args ...any) { b.Logf(format, args...) },
 		})
 		if err != nil {
 			b.Fatal(err)

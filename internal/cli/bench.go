@@ -41,6 +41,7 @@ func newBenchCmd(g *globals) *cobra.Command {
 		rawEtcd    string
 		rawZK      string
 		limits     string
+		paired     bool
 	)
 	cmd := &cobra.Command{
 		Use:   "bench [--store URL]...",
@@ -79,6 +80,13 @@ session per client, an ephemeral node created then deleted at its version):
 the etcd and zk W1 rows then carry "× raw recipe". Their keys live under
 /dlock-bench-raw/ (etcd) and /dlock-bench-raw-* (zk) and are deleted, and
 their etcd leases revoked, when each cell ends.
+
+--paired-baselines runs those raw W1 cells again just before each store's
+W1 cell at the same client count, and takes the row's ratios against them
+(named beside each ratio) rather than against the baseline measured at the
+start: a shared machine's speed drifts over the minutes of a run by more
+than the differences the ratios are read for. W1 then takes about twice as
+long.
 
 Bench cleans up what it creates. Unless the URL names a namespace of its
 own, it works in a throwaway one named dlock-bench-RANDOM and deletes it
@@ -159,7 +167,8 @@ bounded tail of entries after a snapshot).`,
 				Stores: stores, Clients: clients, ContendedClients: cclients, Duration: duration,
 				HoldKeys: holdKeys, HoldSettle: holdSettle, SkipHold: skipHold, ServerPIDs: pidMap,
 				RawRedisAddr: rawRedis, RawEtcdEndpoint: rawEtcd, RawZKAddr: rawZK, LimitsDir: limits,
-				Progress: func(format string, a ...any) { fmt.Fprintf(g.stderr, "bench: "+format+"\n", a...) },
+				PairedBaselines: paired,
+				Progress:        func(format string, a ...any) { fmt.Fprintf(g.stderr, "bench: "+format+"\n", a...) },
 			})
 			if sig, ok := caught.Load().(os.Signal); ok {
 				code := 128 + int(sig.(syscall.Signal))
@@ -208,6 +217,7 @@ bounded tail of entries after a snapshot).`,
 	fl.StringVar(&rawRedis, "raw-redis", "", "HOST:PORT of a Redis server: also run W1 and W2 with go-redis alone, the baseline of the ratios")
 	fl.StringVar(&rawEtcd, "raw-etcd", "", "HOST:PORT of an etcd endpoint: also run W1 with the etcd client alone, the base of the etcd rows' \"× raw recipe\"")
 	fl.StringVar(&rawZK, "raw-zk", "", "HOST:PORT of a ZooKeeper server: also run W1 with go-zookeeper alone, the base of the zk rows' \"× raw recipe\"")
+	fl.BoolVar(&paired, "paired-baselines", false, "run the raw W1 cells (--raw-redis, --raw-etcd, --raw-zk) again just before each store's W1 cell and take its ratios against them")
 	fl.StringVar(&limits, "limits-dir", "", "directory (a durable store's data dir): also measure a loopback round trip and fdatasync there")
 	return cmd
 }
