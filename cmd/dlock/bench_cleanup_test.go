@@ -199,11 +199,11 @@ WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast') ORDER BY
 // would run long (a W1 cell of 60s; W1 then a W2 cell of 10s each; W3
 // holding a million keys), sends SIGINT half a second into it, and wants
 // exit 130 within 5s of the signal.
-func interruptedBench(t *testing.T, store, workload string) {
+func interruptedBench(t *testing.T, store, workload string, extra ...string) {
 	t.Helper()
-	duration := map[string]string{"W1": "60s", "W2": "10s", "W3": "200ms"}[workload]
-	cmd := command(store, "bench", "--store", store, "--clients", "4", "--contended", "4",
-		"--duration", duration, "--hold-keys", "1000000", "-o", "json")
+	duration := map[string]string{"W1": "60s", "W2": "10s", "W3": "200ms", "W1 raw Redis": "60s"}[workload]
+	cmd := command(store, append([]string{"bench", "--store", store, "--clients", "4", "--contended", "4",
+		"--duration", duration, "--hold-keys", "1000000", "-o", "json"}, extra...)...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -260,6 +260,19 @@ func TestBenchCleanup_InterruptedRedis(t *testing.T) {
 	c := redisWithUserData(t, ctx, r)
 	interruptedBench(t, r.URL(), "W3")
 	wantOnlyUserData(t, ctx, c, "interrupted bench")
+}
+
+// TestBenchCleanup_InterruptedRawRedis: a bench stopped by Ctrl-C in a raw
+// Redis cell (--raw-redis) leaves none of the raw loop's keys behind: the
+// release in flight when the signal came used the cancelled context, and
+// its key stayed for its 30 s TTL.
+func TestBenchCleanup_InterruptedRawRedis(t *testing.T) {
+	r := testservers.StartRedis(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := redisWithUserData(t, ctx, r)
+	interruptedBench(t, r.URL(), "W1 raw Redis", "--raw-redis", r.Addr(), "--paired-baselines")
+	wantOnlyUserData(t, ctx, c, "bench interrupted in a raw Redis cell")
 }
 
 // TestBenchCleanup_InterruptedEtcd: on etcd, a bench interrupted in any

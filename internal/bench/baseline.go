@@ -91,6 +91,16 @@ func rawRedisClients(ctx context.Context, addr string, n int) ([]*redis.Client, 
 	return cs, closeAll, nil
 }
 
+// dropRawKeys deletes a raw cell's keys (this run's own: no one else uses
+// them) with a fresh context bounded by releaseTimeout, so that a cell cut
+// off midway (Ctrl-C between a SET NX and its release, whose context had
+// ended) leaves none behind to expire 30 s later.
+func dropRawKeys(ctx context.Context, c *redis.Client, keys ...string) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	_ = c.Del(dctx, keys...).Err()
+}
+
 func token() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
@@ -114,6 +124,7 @@ func RawRedisUncontended(ctx context.Context, addr string, n int, d time.Duratio
 	for i := range keys {
 		keys[i], toks[i] = fmt.Sprintf("bench:raw:w1:%s:%d:%d", runID, n, i), token()
 	}
+	defer dropRawKeys(ctx, cs[0], keys...)
 	return cycles(ctx, "raw-redis", n, d, func(i int) (time.Duration, error) {
 		t0 := time.Now()
 		ok, err := cs[i].SetNX(ctx, keys[i], toks[i], 30*time.Second).Result()
@@ -139,6 +150,7 @@ func RawRedisContended(ctx context.Context, addr string, n int, d time.Duration)
 	}
 	defer closeAll()
 	key := fmt.Sprintf("bench:raw:w2:%s:%d", runID, n)
+	defer dropRawKeys(ctx, cs[0], key)
 	w := newHandoffs(n)
 	start := time.Now()
 	end := start.Add(d)
