@@ -370,6 +370,13 @@ func TestBench_Baselines(t *testing.T) {
 		t.Fatalf("--paired-baselines: W1 rows %+v, want one with the raw Redis cell run before it\n%s", rep.Uncontended, res.stdout)
 	}
 	wantOnlyUserData(t, ctx, c, "bench --raw-redis")
+	// Nothing to pair without a raw baseline: a usage error, not a run
+	// that silently ignores the flag.
+	res = dlock(t, r.URL(), "bench", "--store", r.URL(), "--skip-hold", "--paired-baselines")
+	wantCode(t, res, 64)
+	if !strings.Contains(res.stderr, "--paired-baselines") || !strings.Contains(res.stderr, "--raw-redis") {
+		t.Fatalf("bench --paired-baselines without a raw baseline said %q, want it to name the flags", res.stderr)
+	}
 }
 
 // TestBench_HoldSettle: with --pid, W3 reads the server's memory when the

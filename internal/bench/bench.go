@@ -66,8 +66,9 @@ type Config struct {
 	// are taken against it (Uncontended.RawRedisBefore, RawRecipeBefore)
 	// rather than against the baseline measured at the start of the run,
 	// minutes earlier: a shared machine's speed drifts by more than the
-	// differences the ratios are read for. Each W1 cell then takes about
-	// twice as long.
+	// differences the ratios are read for. Each W1 cell then takes twice
+	// as long, three times on etcd and zk with both their baselines (the
+	// run-start baseline is still measured, for its own table).
 	PairedBaselines bool
 	Progress        func(format string, args ...any)
 }

@@ -85,8 +85,9 @@ their etcd leases revoked, when each cell ends.
 W1 cell at the same client count, and takes the row's ratios against them
 (named beside each ratio) rather than against the baseline measured at the
 start: a shared machine's speed drifts over the minutes of a run by more
-than the differences the ratios are read for. W1 then takes about twice as
-long.
+than the differences the ratios are read for. It needs one of the --raw
+flags; W1 then takes twice as long (three times on etcd and zk with
+--raw-redis and their own raw flag).
 
 Bench cleans up what it creates. Unless the URL names a namespace of its
 own, it works in a throwaway one named dlock-bench-RANDOM and deletes it
@@ -123,6 +124,9 @@ bounded tail of entries after a snapshot).`,
 			}
 			if holdSettle < 0 {
 				return exit(ExitUsage, "bench: --hold-settle %v: want 0 (one reading) or a positive duration", holdSettle)
+			}
+			if paired && rawRedis == "" && rawEtcd == "" && rawZK == "" {
+				return exit(ExitUsage, "bench: --paired-baselines needs a raw baseline to run again: --raw-redis, --raw-etcd or --raw-zk")
 			}
 			asGiven := map[string]string{} // scoped URL → the URL given
 			for i, s := range stores {
