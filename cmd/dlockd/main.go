@@ -90,8 +90,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SortFlags = false
 	configPath := fs.String(configFlag, "", "read flags from this YAML file (keys are the long flag names: listen: 127.0.0.1:7450); flags on the command line win")
 	cfg.RegisterFlags(fs)
-	gcPercent := fs.Int("gc-percent", 100, "Go GC target percentage when GOGC is not set (lower: less memory, more CPU)")
-	gcHeadroomBytes := fs.Int64("gc-headroom-bytes", 16<<20, "the least heap growth, bytes, between two Go GC runs when GOGC is not set: the heap goal is max(live heap × (1 + gc-percent/100), live heap + this), so a server holding few leases does not collect many times a second under load (at the cost of up to this much garbage while busy); 0: gc-percent alone")
+	gcPercent := fs.Int("gc-percent", 100, "Go GC target percentage when GOGC is not set (lower: less memory, more CPU; -1: no collection at all, and no headroom)")
+	gcHeadroomBytes := fs.Int64("gc-headroom-bytes", 16<<20, "the least heap growth, bytes, between two Go GC runs when GOGC is not set and --gc-percent is not -1: the heap goal is at least the live heap + this, so a server holding few leases does not collect many times a second under load (at the cost of up to this much garbage while busy); 0: gc-percent alone")
 	releaseAfter := fs.Duration("release-memory-after", 5*time.Second, "return to the OS the heap memory a burst of allocation left free once allocation has been quiet this long (one forced GC); 0: leave it to Go's scavenger")
 	logLevel := fs.String("log-level", "info", "log level of dlockd and Raft: debug, info, warn, error")
 	logFormat := fs.String("log-format", "text", "log format: text or json (one object a line)")
@@ -123,6 +123,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if *releaseAfter < 0 {
 		fmt.Fprintf(stderr, "dlockd: --release-memory-after %v: want 0 (off) or a positive duration\n", *releaseAfter)
+		return 2
+	}
+	if *gcPercent < -1 {
+		fmt.Fprintf(stderr, "dlockd: --gc-percent %d: want -1 (GC off) or a percentage of 0 or more\n", *gcPercent)
 		return 2
 	}
 	if *gcHeadroomBytes < 0 {

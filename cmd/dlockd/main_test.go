@@ -111,7 +111,7 @@ func TestDlockd_BadFlagsExit2(t *testing.T) {
 	bin := servertest.Binary(t)
 	for _, args := range [][]string{
 		{"--nope"}, {"--max-ttl", "1ms"}, {"--listen", "no-port"}, {"--log-level", "loud"},
-		{"--log-format", "xml"}, {"--max-ttl", "soon"}, {"serve"}, {"--gc-headroom-bytes", "-1"}, {"--gc-headroom-bytes", "16MiB"},
+		{"--log-format", "xml"}, {"--max-ttl", "soon"}, {"serve"}, {"--gc-headroom-bytes", "-1"}, {"--gc-headroom-bytes", "16MiB"}, {"--gc-percent", "-5"},
 	} {
 		var stdout, stderr bytes.Buffer
 		cmd := exec.Command(bin, args...)

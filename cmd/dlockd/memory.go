@@ -117,30 +117,42 @@ func startMemoryRelease(quiet time.Duration, log *slog.Logger) (stop func()) {
 
 // The collector's headroom (--gc-headroom-bytes).
 //
-// Go collects when the heap has grown by gc-percent of the live heap since
-// the last collection. A lock server's live heap is small when it holds
-// few leases (a few MiB), while every request allocates a few KiB that
-// die at once: at 20,000 commands a second the collector then runs many
-// times a second, and each run costs the same fixed work (every
-// goroutine's stack, the globals, the mark phases) whatever the garbage.
-// The headroom keeps the heap goal at least that many bytes above the live
-// heap: the goal is max(live × (1 + gc-percent/100), live + headroom).
-// After every collection (a cleanup on a sentinel object runs then) the
-// GC percentage is set to what gives that goal for the new live heap, and
-// to gc-percent itself once the live heap is large enough that gc-percent
-// leaves more room than the headroom (16 MiB live, with the defaults:
-// 100,000 held leases are past it). The price is up to the headroom in
+// Go collects when the heap has grown, since the last collection, by
+// gc-percent of what the collector scans: the live heap, the goroutines'
+// stacks and the globals. A lock server's live heap is small when it holds
+// few leases (a few MiB), while every request allocates a few KiB that die
+// at once: at 20,000 commands a second the collector then runs many times
+// a second, and each run costs the same fixed work (every goroutine's
+// stack, the globals, the mark phases) whatever the garbage. The headroom
+// keeps that growth at least headroom bytes: the heap goal is
+// max(live + scanned × gc-percent/100, live + headroom), scanned being the
+// live heap, stacks and globals. After every collection (a cleanup on a
+// sentinel object runs then) the GC percentage is set to what gives that
+// goal for the new figures (gcPercentFor), and to gc-percent itself once
+// gc-percent leaves more room than the headroom (about 16 MiB scanned,
+// with the defaults: 100,000 held leases are past it). The price is up to the headroom in
 // garbage while the server is busy; once it is quiet, the heap release
 // above returns it.
 
-// gcPercentFor returns the GC percentage that makes the heap goal
-// max(live × (1 + base/100), live + headroom), in percent of live bytes,
-// rounded up; base when headroom is 0 or live is unknown (0).
-func gcPercentFor(base int, live, headroom uint64) int {
+// goHeapMinimum is the Go runtime's minimum heap goal at GOGC=100 (4 MiB):
+// the runtime scales it with the GC percentage, so a percentage set for a
+// small live heap would otherwise have that minimum, not the headroom, set
+// the goal (a percentage of 1,100 gives a 44 MiB minimum).
+const goHeapMinimum = 4 << 20
+
+// gcPercentFor returns the GC percentage that puts the heap goal at live +
+// headroom bytes, the collector scanning scanned bytes (live heap, stacks
+// and globals): the goal is max(live + scanned × p/100, goHeapMinimum ×
+// p/100), so p is the lesser of headroom×100/scanned and
+// (live+headroom)×100/goHeapMinimum. It returns at least base; base when
+// headroom is 0 or the live heap unknown (0).
+func gcPercentFor(base int, live, scanned, headroom uint64) int {
 	if headroom == 0 || live == 0 || base < 0 {
 		return base
 	}
-	need := math.Ceil(float64(headroom) * 100 / float64(live)) // no overflow for any inputs
+	scanned = max(scanned, live)
+	// In float64: no overflow for any inputs.
+	need := min(float64(headroom)*100/float64(scanned), (float64(live)+float64(headroom))*100/goHeapMinimum)
 	if need >= math.MaxInt32 {
 		return math.MaxInt32
 	}
@@ -152,7 +164,7 @@ type gcHeadroom struct {
 	base     int    // --gc-percent
 	headroom uint64 // bytes
 	stopped  atomic.Bool
-	sample   []metrics.Sample // the live heap; used by the cleanup goroutine only
+	sample   []metrics.Sample // live heap, stacks, globals; used by the cleanup goroutine only
 	percent  int              // the percentage last set; cleanup goroutine only
 }
 
@@ -164,8 +176,8 @@ func startGCHeadroom(base int, headroom uint64) (stop func()) {
 	if headroom == 0 || base < 0 {
 		return func() {}
 	}
-	g := &gcHeadroom{base: base, headroom: headroom, percent: base,
-		sample: []metrics.Sample{{Name: "/gc/heap/live:bytes"}}}
+	g := &gcHeadroom{base: base, headroom: headroom, percent: base, sample: []metrics.Sample{
+		{Name: "/gc/heap/live:bytes"}, {Name: "/gc/scan/stack:bytes"}, {Name: "/gc/scan/globals:bytes"}}}
 	g.adjust()
 	g.arm()
 	return func() {
@@ -187,16 +199,19 @@ func (g *gcHeadroom) arm() {
 	}, g)
 }
 
-// adjust sets the GC percentage for the live heap of the last collection,
-// when it changed by more than a tenth (SetGCPercent recomputes the
-// collector's pacing).
+// adjust sets the GC percentage for what the last collection found live
+// (heap, stacks, globals), when it changed by more than a tenth
+// (SetGCPercent recomputes the collector's pacing). Before the first
+// collection the live heap is unknown: gc-percent stays.
 func (g *gcHeadroom) adjust() {
 	metrics.Read(g.sample)
-	var live uint64
-	if g.sample[0].Value.Kind() == metrics.KindUint64 {
-		live = g.sample[0].Value.Uint64()
+	var v [3]uint64
+	for i := range g.sample {
+		if g.sample[i].Value.Kind() == metrics.KindUint64 {
+			v[i] = g.sample[i].Value.Uint64()
+		}
 	}
-	p := gcPercentFor(g.base, live, g.headroom)
+	p := gcPercentFor(g.base, v[0], v[0]+v[1]+v[2], g.headroom)
 	if d := p - g.percent; d == 0 || (d < 0 && -d < g.percent/10) || (d > 0 && d < g.percent/10) {
 		return
 	}
