@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os/exec"
 	"slices"
 	"strings"
@@ -440,4 +441,36 @@ func TestBench_RawRecipes(t *testing.T) {
 	if !strings.Contains(md.stdout, "× raw recipe") || !strings.Contains(md.stdout, "| raw-etcd W1 | 1 |") {
 		t.Errorf("bench Markdown lacks the raw etcd recipe:\n%s", md.stdout)
 	}
+}
+
+// TestBench_UnreachableStoreFailsNamingIt: a store that cannot be reached
+// ends bench with exit 69 and a message that names that store's address,
+// not DLOCK_STORE's: a dlockd URL (its driver dials lazily) used to give a
+// table of zeros and exit 0, and a Redis URL a message about the global
+// store (found by a helper's break test).
+func TestBench_UnreachableStoreFailsNamingIt(t *testing.T) {
+	global := "dlockd://" + freeAddrForBench(t)
+	for _, store := range []string{"dlockd://" + freeAddrForBench(t), "redis://" + freeAddrForBench(t)} {
+		res := dlock(t, global, "bench", "--store", store, "--clients", "1", "--contended", "2", "--duration", "300ms", "--skip-hold")
+		wantCode(t, res, 69)
+		host := strings.TrimPrefix(strings.TrimPrefix(store, "dlockd://"), "redis://")
+		if !strings.Contains(res.stderr, "cannot reach the store at "+host) || strings.Contains(res.stderr, strings.TrimPrefix(global, "dlockd://")) {
+			t.Errorf("bench --store %s (DLOCK_STORE %s): stderr %q, want it to name %s only", store, global, res.stderr, host)
+		}
+		if strings.Contains(res.stdout, "| 0 |") {
+			t.Errorf("bench --store %s printed a table: %s", store, res.stdout)
+		}
+	}
+}
+
+// freeAddrForBench returns a 127.0.0.1 address nothing listens on.
+func freeAddrForBench(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	return addr
 }

@@ -213,6 +213,9 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		rep.Baseline = &b
 	}
 	for _, store := range cfg.Stores {
+		if err := probe(ctx, store); err != nil {
+			return rep, &StoreError{Store: store, Err: err}
+		}
 		for _, n := range cfg.Clients {
 			var before Uncontended
 			if cfg.PairedBaselines {
@@ -224,7 +227,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 			cfg.Progress("W1 %s, %d clients", Redact(store), n)
 			r, err := uncontended(ctx, store, n, cfg.Duration)
 			if err != nil {
-				return rep, err
+				return rep, &StoreError{Store: store, Err: err}
 			}
 			r.RawRedisBefore, r.RawRecipeBefore = before.RawRedisBefore, before.RawRecipeBefore
 			rep.Uncontended = append(rep.Uncontended, r)
@@ -233,7 +236,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 			cfg.Progress("W2 %s, %d clients on one key", Redact(store), n)
 			r, err := contended(ctx, store, n, cfg.Duration)
 			if err != nil {
-				return rep, err
+				return rep, &StoreError{Store: store, Err: err}
 			}
 			rep.Contended = append(rep.Contended, r)
 		}
@@ -244,13 +247,45 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 			cfg.Progress("W3 %s, %d keys held", Redact(store), keys)
 			r, err := held(ctx, store, keys, cfg.ServerPIDs[store], cfg.HoldSettle)
 			if err != nil {
-				return rep, err
+				return rep, &StoreError{Store: store, Err: err}
 			}
 			r.Capped = capped
 			rep.Held = append(rep.Held, r)
 		}
 	}
 	return rep, nil
+}
+
+// StoreError is an error of one store's part of a run (its probe or its
+// cells), naming the store as Config.Stores gave it.
+type StoreError struct {
+	Store string
+	Err   error
+}
+
+func (e *StoreError) Error() string { return e.Err.Error() }
+func (e *StoreError) Unwrap() error { return e.Err }
+
+// probeTimeout bounds the probe of a store before its cells.
+const probeTimeout = 15 * time.Second
+
+// probe acquires and releases one key of its own on store before its
+// cells, so that a store that cannot be reached ends the run with its
+// error (dlock.ErrUnavailable) instead of cells that count errors and
+// report zeros (a dlockd URL opens without dialling).
+func probe(ctx context.Context, store string) error {
+	lockers, closeAll, err := openLockers(ctx, store, 1)
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	ls, err := lockers[0].TryAcquire(pctx, fmt.Sprintf("bench:probe:%s", runID))
+	if err != nil {
+		return err
+	}
+	return release(ctx, ls)
 }
 
 // pairedBaselines runs the raw cells that store's W1 cell at n clients is

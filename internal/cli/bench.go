@@ -182,7 +182,19 @@ bounded tail of entries after a snapshot).`,
 				return exit(ExitUsage, "%w", err)
 			}
 			if err != nil {
-				return g.storeErr("bench", "", err)
+				// The message names the store that failed, not the
+				// global --store.
+				gs := g
+				var se *bench.StoreError
+				if errors.As(err, &se) {
+					c := *g
+					c.store = se.Store
+					if u, ok := asGiven[se.Store]; ok {
+						c.store = u
+					}
+					gs = &c
+				}
+				return gs.storeErr("bench", "", err)
 			}
 			// The report names each store as the user gave it (its password
 			// masked), not by its throwaway namespace.
