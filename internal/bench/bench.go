@@ -204,6 +204,15 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 			return Report{}, fmt.Errorf("bench: client count %d is outside [1, 10000]", n)
 		}
 	}
+	// A client count given twice would make two rows that the ratios,
+	// looked up by client count, could not tell apart.
+	for _, counts := range [][]int{cfg.Clients, cfg.ContendedClients} {
+		for i, n := range counts {
+			if slices.Contains(counts[:i], n) {
+				return Report{}, fmt.Errorf("bench: client count %d is given twice", n)
+			}
+		}
+	}
 	var rep Report
 	if cfg.LimitsDir != "" || cfg.RawRedisAddr != "" || cfg.RawEtcdEndpoint != "" || cfg.RawZKAddr != "" {
 		b, err := runBaseline(ctx, cfg)

@@ -90,3 +90,18 @@ func TestHoldCap(t *testing.T) {
 		t.Errorf("markdown lacks %q:\n%s", want, buf.String())
 	}
 }
+
+// TestRun_ClientCountGivenTwice: a client count given twice is refused
+// before anything runs: its two rows could not be told apart by the ratios,
+// which are looked up by client count.
+func TestRun_ClientCountGivenTwice(t *testing.T) {
+	for _, c := range []Config{
+		{Stores: []string{"dlockd://127.0.0.1:1"}, Clients: []int{1, 1}},
+		{Stores: []string{"dlockd://127.0.0.1:1"}, Clients: []int{1}, ContendedClients: []int{8, 64, 8}},
+	} {
+		_, err := Run(t.Context(), c)
+		if err == nil || !strings.Contains(err.Error(), "bench: client count") || !strings.Contains(err.Error(), "given twice") {
+			t.Errorf("Run(clients %v, contended %v) = %v, want a client count given twice", c.Clients, c.ContendedClients, err)
+		}
+	}
+}
