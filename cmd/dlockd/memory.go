@@ -130,9 +130,9 @@ func startMemoryRelease(quiet time.Duration, log *slog.Logger) (stop func()) {
 // sentinel object runs then) the GC percentage is set to what gives that
 // goal for the new figures (gcPercentFor), and to gc-percent itself once
 // gc-percent leaves more room than the headroom (about 16 MiB scanned,
-// with the defaults: 100,000 held leases are past it). The price is up to the headroom in
-// garbage while the server is busy; once it is quiet, the heap release
-// above returns it.
+// with the defaults: 100,000 held leases are past it). The price is up to
+// the headroom in garbage while the server is busy; once it is quiet, the
+// heap release above returns it.
 
 // goHeapMinimum is the Go runtime's minimum heap goal at GOGC=100 (4 MiB):
 // the runtime scales it with the GC percentage, so a percentage set for a
@@ -212,7 +212,7 @@ func (g *gcHeadroom) adjust() {
 		}
 	}
 	p := gcPercentFor(g.base, v[0], v[0]+v[1]+v[2], g.headroom)
-	if d := p - g.percent; d == 0 || (d < 0 && -d < g.percent/10) || (d > 0 && d < g.percent/10) {
+	if d := p - g.percent; d == 0 || max(d, -d) < g.percent/10 {
 		return
 	}
 	g.percent = p
