@@ -226,10 +226,10 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 			return rep, &StoreError{Store: store, Err: err}
 		}
 		for _, n := range cfg.Clients {
-			var before Uncontended
+			var rawRedis, rawRecipe float64
 			if cfg.PairedBaselines {
 				var err error
-				if before, err = pairedBaselines(ctx, cfg, store, n); err != nil {
+				if rawRedis, rawRecipe, err = pairedBaselines(ctx, cfg, store, n); err != nil {
 					return rep, err
 				}
 			}
@@ -238,7 +238,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 			if err != nil {
 				return rep, &StoreError{Store: store, Err: err}
 			}
-			r.RawRedisBefore, r.RawRecipeBefore = before.RawRedisBefore, before.RawRecipeBefore
+			r.RawRedisBefore, r.RawRecipeBefore = rawRedis, rawRecipe
 			rep.Uncontended = append(rep.Uncontended, r)
 		}
 		for _, n := range cfg.ContendedClients {
@@ -299,17 +299,16 @@ func probe(ctx context.Context, store string) error {
 
 // pairedBaselines runs the raw cells that store's W1 cell at n clients is
 // read against (Config.PairedBaselines): raw Redis, and for an etcd or zk
-// store its raw recipe. It returns their cycles/s in RawRedisBefore and
-// RawRecipeBefore (0 for a baseline the run has no server for).
-func pairedBaselines(ctx context.Context, cfg Config, store string, n int) (Uncontended, error) {
-	var out Uncontended
+// store its raw recipe. It returns their cycles/s (0 for a baseline the
+// run has no server for).
+func pairedBaselines(ctx context.Context, cfg Config, store string, n int) (rawRedis, rawRecipe float64, err error) {
 	if cfg.RawRedisAddr != "" {
 		cfg.Progress("W1 raw Redis, %d clients, before %s", n, Redact(store))
 		r, err := RawRedisUncontended(ctx, cfg.RawRedisAddr, n, cfg.Duration)
 		if err != nil {
-			return out, err
+			return 0, 0, err
 		}
-		out.RawRedisBefore = r.CyclesPerSec
+		rawRedis = r.CyclesPerSec
 	}
 	var recipe func(context.Context, string, int, time.Duration) (Uncontended, error)
 	var addr string
@@ -323,11 +322,11 @@ func pairedBaselines(ctx context.Context, cfg Config, store string, n int) (Unco
 		cfg.Progress("W1 raw %s recipe, %d clients, before %s", storeName(store), n, Redact(store))
 		r, err := recipe(ctx, addr, n, cfg.Duration)
 		if err != nil {
-			return out, err
+			return 0, 0, err
 		}
-		out.RawRecipeBefore = r.CyclesPerSec
+		rawRecipe = r.CyclesPerSec
 	}
-	return out, nil
+	return rawRedis, rawRecipe, nil
 }
 
 // runBaseline measures the machine's limits and the raw baselines (Redis,
