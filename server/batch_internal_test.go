@@ -195,7 +195,7 @@ func holders(f *fsm) string {
 	defer f.mu.RUnlock()
 	var b bytes.Buffer
 	for _, k := range []string{"k", "j"} {
-		e := f.locks[k]
+		e := f.locks.get(k)
 		if e == nil {
 			fmt.Fprintf(&b, "%s: -\n", k)
 			continue
@@ -211,7 +211,7 @@ func holders(f *fsm) string {
 func grantVersion(f *fsm, key, owner string) uint64 {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	if e := f.locks[key]; e != nil && e.held && e.grant.owner == owner {
+	if e := f.locks.get(key); e != nil && e.held && e.grant.owner == owner {
 		return e.grant.version
 	}
 	return 0
@@ -300,10 +300,10 @@ func TestFSM_BatchSameKeyTwice(t *testing.T) {
 		t.Fatalf("acquisitions in the lock-delay of the same entry: %+v", rs)
 	}
 	h.bat.mu.RLock()
-	dv := h.bat.locks["k"].delayVersion
+	dv := h.bat.locks.get("k").delayVersion
 	h.bat.mu.RUnlock()
 	h.seq.mu.RLock()
-	dvs := h.seq.locks["k"].delayVersion
+	dvs := h.seq.locks.get("k").delayVersion
 	h.seq.mu.RUnlock()
 	if dv != h.batI {
 		t.Fatalf("delay version %d, want the entry's %d", dv, h.batI)

@@ -150,7 +150,7 @@ type leaseClock struct {
 	replayTo uint64
 
 	mu    sync.Mutex
-	byKey map[string]*lease
+	byKey *leaseIndex // the countdowns of Exclusive grants and lock-delays (table.go)
 	// shared holds the countdowns of Shared grants (and of their
 	// lock-delays) by key and owner: a key has many (shared.go).
 	shared map[keyOwner]*lease
@@ -179,7 +179,7 @@ type graceEntry struct {
 }
 
 func newLeaseClock(now func() time.Time, claimWindow time.Duration) *leaseClock {
-	return &leaseClock{now: now, epoch: now(), claimWindow: claimWindow, byKey: make(map[string]*lease), shared: make(map[keyOwner]*lease), wake: make(chan struct{}, 1)}
+	return &leaseClock{now: now, epoch: now(), claimWindow: claimWindow, byKey: newLeaseIndex(), shared: make(map[keyOwner]*lease), wake: make(chan struct{}, 1)}
 }
 
 // grantLease returns the countdown of owner's grant on key (its Shared
@@ -189,7 +189,7 @@ func (c *leaseClock) grantLease(key, owner string, shared bool) *lease {
 	if shared {
 		l = c.shared[keyOwner{key, owner}]
 	} else {
-		l = c.byKey[key]
+		l = c.byKey.get(key)
 	}
 	if l == nil || l.delay || l.owner != owner {
 		return nil
@@ -229,10 +229,10 @@ func (c *leaseClock) put(l *lease) {
 		heap.Push(&c.heap, l)
 		return
 	}
-	if old := c.byKey[l.key]; old != nil && old.idx >= 0 {
+	if old := c.byKey.get(l.key); old != nil && old.idx >= 0 {
 		heap.Remove(&c.heap, int(old.idx))
 	}
-	c.byKey[l.key] = l
+	c.byKey.put(l)
 	heap.Push(&c.heap, l)
 }
 
@@ -245,7 +245,7 @@ func (c *leaseClock) drop(l *lease) {
 		delete(c.shared, keyOwner{l.key, l.owner})
 		return
 	}
-	delete(c.byKey, l.key)
+	c.byKey.del(l.key)
 }
 
 // fix puts l back in order after its deadlines moved, with c.mu held.
@@ -312,7 +312,7 @@ func (c *leaseClock) apply(evs []event) {
 			c.put(l)
 			earliest = min(earliest, l.due())
 		case evDelayEnded:
-			l := c.byKey[ev.key]
+			l := c.byKey.get(ev.key)
 			if ev.shared {
 				l = c.shared[keyOwner{ev.key, ev.owner}]
 			}
@@ -358,7 +358,7 @@ func (l *lease) restartAt(now int64) {
 func (c *leaseClock) reset(state []event) {
 	now := c.at(c.now())
 	c.mu.Lock()
-	c.byKey = make(map[string]*lease, len(state))
+	c.byKey = newLeaseIndex()
 	c.shared = make(map[keyOwner]*lease)
 	c.heap = make(leaseHeap, 0, len(state))
 	for _, ev := range state {
@@ -370,7 +370,7 @@ func (c *leaseClock) reset(state []event) {
 		if ev.shared {
 			c.shared[keyOwner{ev.key, ev.owner}] = l
 		} else {
-			c.byKey[ev.key] = l
+			c.byKey.put(l)
 		}
 		c.heap = append(c.heap, l)
 	}
@@ -391,7 +391,7 @@ func (c *leaseClock) restartAll() {
 	now := c.at(c.now())
 	c.mu.Lock()
 	c.heap = c.heap[:0]
-	for _, l := range c.byKey {
+	for l := range c.byKey.all() {
 		l.restartAt(now)
 		l.idx = int32(len(c.heap))
 		c.heap = append(c.heap, l)
@@ -444,7 +444,7 @@ func (c *leaseClock) renew(key, owner string, ttl time.Duration, t time.Time) re
 // grant with fence, if this node has it.
 func (c *leaseClock) remaining(key string, fence uint64) (time.Duration, bool) {
 	c.mu.Lock()
-	l := c.byKey[key]
+	l := c.byKey.get(key)
 	c.mu.Unlock()
 	if l == nil || l.delay {
 		return 0, false
@@ -486,7 +486,7 @@ func (c *leaseClock) delayRemaining(key string) (time.Duration, bool) {
 	now := c.at(c.now())
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	l := c.byKey[key]
+	l := c.byKey.get(key)
 	if l == nil || !l.delay {
 		return 0, false
 	}
@@ -587,7 +587,7 @@ func (c *leaseClock) retry(fs []fired, delay time.Duration) {
 		if f.kind == fireSuspect {
 			continue
 		}
-		l := c.byKey[f.x.key]
+		l := c.byKey.get(f.x.key)
 		if l == nil || l.owner != f.x.owner {
 			l = c.shared[keyOwner{f.x.key, f.x.owner}]
 		}
@@ -608,7 +608,7 @@ func (c *leaseClock) retry(fs []fired, delay time.Duration) {
 func (c *leaseClock) size() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.byKey) + len(c.shared)
+	return c.byKey.len() + len(c.shared)
 }
 
 // setGrace replaces the waiter grace with entries, for the given term of

@@ -104,11 +104,11 @@ func (m *clockModel) check() {
 	defer m.f.mu.RUnlock()
 	m.c.mu.Lock()
 	defer m.c.mu.Unlock()
-	if len(m.c.byKey) != len(m.f.locks) {
-		m.t.Fatalf("%d countdowns, %d keys\n%s", len(m.c.byKey), len(m.f.locks), m.dump())
+	if m.c.byKey.len() != m.f.locks.len() {
+		m.t.Fatalf("%d countdowns, %d keys\n%s", m.c.byKey.len(), m.f.locks.len(), m.dump())
 	}
-	for k, e := range m.f.locks {
-		l := m.c.byKey[k]
+	for k, e := range m.f.locks.all() {
+		l := m.c.byKey.get(k)
 		switch {
 		case l == nil:
 			m.t.Fatalf("key %s: no countdown\n%s", k, m.dump())

@@ -77,8 +77,9 @@
 // list with an index by owner token, so enqueue, handover and the cancel of
 // any entry cost O(1) however long the queue (a slice used to be copied on
 // every cancel: 10,000 cancels allocated gigabytes and stalled the FSM).
-// Held keys are also kept in an ordered index (a B-tree), so a List page
-// costs the page, not the table, and pages follow with a page token.
+// The table is one ordered index (a B-tree of key and entry, table.go), so a
+// List page costs the page, not the table, and pages follow with a page
+// token; a lookup is O(log n).
 //
 // # Grant versions
 //

@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/google/btree"
 	"github.com/hashicorp/raft"
 )
 
@@ -676,11 +675,10 @@ type fsm struct {
 	obs observer
 
 	mu      sync.RWMutex
-	locks   map[string]*lockEntry
-	keys    *btree.BTreeG[string] // the keys of locks, ordered, for paged lists
-	strs    interner              // holder and session strings, shared by the grants that use them
-	waiting int                   // total queue entries
-	applied uint64                // index of the last entry applied
+	locks   lockTable // entries by key, in key order (table.go)
+	strs    interner  // holder and session strings, shared by the grants that use them
+	waiting int       // total queue entries
+	applied uint64    // index of the last entry applied
 	// lastFence is the greatest fence issued: a grant's fence is
 	// max(index, lastFence+1) (shared.go's nextFence), so that several
 	// grants made by one entry get distinct, increasing fences.
@@ -720,12 +718,8 @@ func scratch[T any](buf []T) []T {
 	return buf[:0]
 }
 
-func newKeyIndex() *btree.BTreeG[string] {
-	return btree.NewG(32, func(a, b string) bool { return a < b })
-}
-
 func newFSM(obs observer) *fsm {
-	return &fsm{obs: obs, members: make(map[string]member), locks: make(map[string]*lockEntry), keys: newKeyIndex(), strs: newInterner(), appliedWake: make(chan struct{})}
+	return &fsm{obs: obs, members: make(map[string]member), locks: newLockTable(), strs: newInterner(), appliedWake: make(chan struct{})}
 }
 
 // party is a client's holder text and session, which repeat across its
@@ -900,7 +894,7 @@ func (f *fsm) apply(idx uint64, c *command, evs []event) (applyResult, []event) 
 	case opAcquire:
 		return f.acquire(idx, c, evs)
 	case opRelease:
-		e := f.locks[c.key]
+		e := f.locks.get(c.key)
 		if g := liveShared(e, c.owner); g != nil {
 			var next uint64
 			next, evs = f.endShared(idx, c.key, e, g, reasonReleased, evs)
@@ -918,7 +912,7 @@ func (f *fsm) apply(idx uint64, c *command, evs []event) (applyResult, []event) 
 			why = reasonUnclaimed
 		}
 		for _, x := range c.expiries {
-			e := f.locks[x.key]
+			e := f.locks.get(x.key)
 			if e != nil && e.held && e.grant.owner == x.owner && (x.version == 0 || x.version == e.grant.version) {
 				_, evs = f.endGrant(idx, x.key, e, why, evs)
 			} else if g := liveShared(e, x.owner); g != nil && (x.version == 0 || x.version == g.version) {
@@ -927,7 +921,7 @@ func (f *fsm) apply(idx uint64, c *command, evs []event) (applyResult, []event) 
 		}
 		return applyResult{code: resOK}, evs
 	case opForceRelease:
-		e := f.locks[c.key]
+		e := f.locks.get(c.key)
 		if e != nil && len(e.shared) > 0 {
 			return f.forceReleaseShared(idx, c.key, e, evs)
 		}
@@ -939,7 +933,7 @@ func (f *fsm) apply(idx uint64, c *command, evs []event) (applyResult, []event) 
 		next, evs = f.endGrant(idx, c.key, e, reasonForced, evs)
 		return applyResult{code: resOK, fence: next, removed: g, nremoved: 1}, evs
 	case opEndDelay:
-		e := f.locks[c.key]
+		e := f.locks.get(c.key)
 		if e == nil || e.held || e.delayVersion == 0 || e.delayVersion != c.version {
 			return applyResult{code: resOK}, evs
 		}
@@ -964,7 +958,7 @@ func (f *fsm) apply(idx uint64, c *command, evs []event) (applyResult, []event) 
 		return applyResult{code: resOK}, evs
 	case opPurgeIdle:
 		for _, p := range c.idle {
-			if e := f.locks[p.key]; e != nil {
+			if e := f.locks.get(p.key); e != nil {
 				if n := e.q.find(p.owner); n != nil && n.since == p.since {
 					_, evs = f.cancelWait(idx, p.key, p.owner, false, evs)
 				}
@@ -976,7 +970,7 @@ func (f *fsm) apply(idx uint64, c *command, evs []event) (applyResult, []event) 
 		// (a new version) makes the mark stale. The version does not
 		// change, so an expiry proposed for it stays valid.
 		for _, x := range c.suspects {
-			e := f.locks[x.key]
+			e := f.locks.get(x.key)
 			var g *grant
 			if e != nil && e.held && e.grant.owner == x.owner {
 				g = &e.grant
@@ -990,7 +984,7 @@ func (f *fsm) apply(idx uint64, c *command, evs []event) (applyResult, []event) 
 		}
 		return applyResult{code: resOK}, evs
 	case opSetTTL:
-		e := f.locks[c.key]
+		e := f.locks.get(c.key)
 		g := liveShared(e, c.owner)
 		if g == nil {
 			if e == nil || !e.held || e.grant.owner != c.owner {
@@ -1021,7 +1015,7 @@ func restartGrant(idx uint64, key string, g *grant, shared bool, ttl time.Durati
 }
 
 func (f *fsm) acquire(idx uint64, c *command, evs []event) (applyResult, []event) {
-	e := f.locks[c.key]
+	e := f.locks.get(c.key)
 	if c.shared {
 		return f.acquireShared(idx, c, e, evs)
 	}
@@ -1030,8 +1024,7 @@ func (f *fsm) acquire(idx uint64, c *command, evs []event) (applyResult, []event
 			return applyResult{code: resTooManyLeases}, evs
 		}
 		e = newLockEntry()
-		f.locks[c.key] = e
-		f.keys.ReplaceOrInsert(c.key)
+		f.locks.put(c.key, e)
 		evs = f.setGrant(idx, c.key, e, waiter{owner: c.owner, p: f.strs.get(c.holder, c.session), ttl: c.ttl, lockDelay: c.lockDelay}, false, evs)
 		return applyResult{code: resGranted, fence: e.grant.fence, ttl: c.ttl}, evs
 	}
@@ -1135,8 +1128,7 @@ func (f *fsm) grantNext(idx uint64, key string, e *lockEntry, evs []event) (uint
 		}
 	}
 	if !e.held && e.delayVersion == 0 && len(e.shared) == 0 && e.q.len() == 0 {
-		delete(f.locks, key)
-		f.keys.Delete(key)
+		f.locks.del(key)
 	} else {
 		e.trim()
 	}
@@ -1146,7 +1138,7 @@ func (f *fsm) grantNext(idx uint64, key string, e *lockEntry, evs []event) (uint
 // cancelWait removes owner's queue entry on key; with releaseGrant, it also
 // releases owner's grant on key (a grant that raced the cancellation).
 func (f *fsm) cancelWait(idx uint64, key, owner string, releaseGrant bool, evs []event) (applyResult, []event) {
-	e := f.locks[key]
+	e := f.locks.get(key)
 	if e == nil {
 		return applyResult{code: resOK}, evs
 	}
@@ -1201,7 +1193,7 @@ type holderView struct {
 func (f *fsm) get(key string) (holderView, bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	e := f.locks[key]
+	e := f.locks.get(key)
 	if e == nil {
 		return holderView{}, false
 	}
@@ -1214,7 +1206,7 @@ func (f *fsm) get(key string) (holderView, bool) {
 func (f *fsm) peek(key, owner string) (holderView, bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	e := f.locks[key]
+	e := f.locks.get(key)
 	if e == nil {
 		return holderView{}, false
 	}
@@ -1249,11 +1241,10 @@ func (f *fsm) listIn(prefixes []string, after string, limit int) (out []holderVi
 			}
 			from = after + "\x00"
 		}
-		f.keys.AscendGreaterOrEqual(from, func(k string) bool {
+		f.locks.ascend(from, func(k string, e *lockEntry) bool {
 			if !strings.HasPrefix(k, prefix) {
 				return false
 			}
-			e := f.locks[k]
 			v := holderView{key: k, held: e.held, grant: e.grant, waiters: e.q.len()}
 			sharedInto(e, &v, true)
 			if !v.held {
@@ -1286,7 +1277,7 @@ func (f *fsm) listIn(prefixes []string, after string, limit int) (out []holderVi
 func (f *fsm) queue(key string, limit int) (ws []waiter, n int) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	e := f.locks[key]
+	e := f.locks.get(key)
 	if e == nil {
 		return nil, 0
 	}
@@ -1309,7 +1300,7 @@ func (f *fsm) queued() []queuedEntry {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	var out []queuedEntry
-	for k, e := range f.locks {
+	for k, e := range f.locks.all() {
 		e.q.each(func(w *waiter) {
 			out = append(out, queuedEntry{ko: keyOwner{key: k, owner: w.owner}, ttl: w.ttl, since: w.since})
 		})
@@ -1333,9 +1324,9 @@ func (f *fsm) state() []event {
 	return stateLocked(f.locks)
 }
 
-func stateLocked(locks map[string]*lockEntry) []event {
-	out := make([]event, 0, len(locks))
-	for k, e := range locks {
+func stateLocked(locks lockTable) []event {
+	out := make([]event, 0, locks.len())
+	for k, e := range locks.all() {
 		switch {
 		case e.held:
 			g := &e.grant
@@ -1356,8 +1347,8 @@ func stateLocked(locks map[string]*lockEntry) []event {
 
 // check verifies the table's invariants and returns the first violation:
 // every entry is held or in a lock-delay; queue links, owner index and
-// counts agree; no owner is queued twice on a key or queued where it holds;
-// the key index matches the table. Tests and fuzzing call it.
+// counts agree; no owner is queued twice on a key or queued where it holds.
+// Tests and fuzzing call it.
 func (f *fsm) check() error {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
@@ -1365,7 +1356,7 @@ func (f *fsm) check() error {
 		return fmt.Errorf("the shared empty entryExtra was written: %+v", *noExtra)
 	}
 	waiting, nshared, sharedKeys := 0, 0, 0
-	for k, e := range f.locks {
+	for k, e := range f.locks.all() {
 		if !e.held && e.delayVersion == 0 && len(e.shared) == 0 {
 			return fmt.Errorf("key %q: neither held nor in a lock-delay", k)
 		}
@@ -1401,18 +1392,12 @@ func (f *fsm) check() error {
 			return fmt.Errorf("key %q: queue of %d entries, index of %d", k, n, len(e.q.byOwner))
 		}
 		waiting += n
-		if !f.keys.Has(k) {
-			return fmt.Errorf("key %q missing from the key index", k)
-		}
 	}
 	if waiting != f.waiting {
 		return fmt.Errorf("waiting count %d, queues hold %d", f.waiting, waiting)
 	}
 	if nshared != f.nshared || sharedKeys != f.sharedKeys {
 		return fmt.Errorf("shared counts %d grants on %d keys, table holds %d on %d", f.nshared, f.sharedKeys, nshared, sharedKeys)
-	}
-	if f.keys.Len() != len(f.locks) {
-		return fmt.Errorf("key index of %d keys, table of %d", f.keys.Len(), len(f.locks))
 	}
 	return nil
 }
@@ -1440,8 +1425,8 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 		e.u64(f.applied)
 		e.u64(f.lastFence)
 	}
-	e.u64(uint64(len(f.locks)))
-	for k, en := range f.locks {
+	e.u64(uint64(f.locks.len()))
+	for k, en := range f.locks.all() {
 		encodeSnapEntry(&e, k, en, v3)
 		if len(e.b) >= snapshotChunk-1024 {
 			s.chunks = append(s.chunks, e.b)
@@ -1538,13 +1523,8 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 		return err
 	}
 	lastFence, nshared, sharedKeys := restoredShared(locks, lastFence)
-	keys := newKeyIndex()
-	for k := range locks {
-		keys.ReplaceOrInsert(k)
-	}
 	f.mu.Lock()
 	f.locks = locks
-	f.keys = keys
 	f.strs = strs
 	f.waiting = waiting
 	f.lastFence, f.nshared, f.sharedKeys = lastFence, nshared, sharedKeys
@@ -1560,12 +1540,12 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	return nil
 }
 
-func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, waiting int, applied, lastFence uint64, err error) {
+func decodeSnapshot(data []byte) (locks lockTable, strs interner, waiting int, applied, lastFence uint64, err error) {
 	d := dec{b: data}
 	strs = newInterner()
 	magic := d.str()
 	if d.err != nil || (magic != snapshotMagic && magic != snapshotMagicV3 && magic != snapshotMagicV2 && magic != snapshotMagicV1) {
-		return nil, strs, 0, 0, 0, errCorrupt
+		return lockTable{}, strs, 0, 0, 0, errCorrupt
 	}
 	v4 := magic == snapshotMagic
 	v3 := v4 || magic == snapshotMagicV3
@@ -1578,9 +1558,9 @@ func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, wa
 	}
 	n := d.u64()
 	if n > uint64(len(d.b)) {
-		return nil, strs, 0, 0, 0, errCorrupt
+		return lockTable{}, strs, 0, 0, 0, errCorrupt
 	}
-	locks = make(map[string]*lockEntry, n)
+	locks = newLockTable()
 	for i := uint64(0); i < n && d.err == nil; i++ {
 		key := d.str()
 		e := newLockEntry()
@@ -1597,7 +1577,7 @@ func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, wa
 				e.grant.suspect = d.boolean()
 				e.grant.suspectLeft = d.dur()
 				if e.grant.suspect != (e.grant.suspectLeft > 0) {
-					return nil, strs, 0, 0, 0, errCorrupt
+					return lockTable{}, strs, 0, 0, 0, errCorrupt
 				}
 			}
 			if delay, version := d.dur(), d.u64(); delay != 0 || version != 0 {
@@ -1610,11 +1590,11 @@ func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, wa
 		}
 		if v4 {
 			if err := decodeSharedEntry(&d, e, strs); err != nil {
-				return nil, strs, 0, 0, 0, err
+				return lockTable{}, strs, 0, 0, 0, err
 			}
 		}
 		if !e.held && e.delayVersion == 0 && len(e.shared) == 0 {
-			return nil, strs, 0, 0, 0, errCorrupt
+			return lockTable{}, strs, 0, 0, 0, errCorrupt
 		}
 		if !e.held {
 			strs.put(e.grant.p)
@@ -1622,7 +1602,7 @@ func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, wa
 		}
 		nw := d.u64()
 		if nw > uint64(len(d.b)) {
-			return nil, strs, 0, 0, 0, errCorrupt
+			return lockTable{}, strs, 0, 0, 0, errCorrupt
 		}
 		for j := uint64(0); j < nw && d.err == nil; j++ {
 			w := waiter{owner: d.str(), p: strs.get(d.str(), d.str()), ttl: d.dur()}
@@ -1636,7 +1616,7 @@ func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, wa
 				w.shared = d.boolean()
 			}
 			if e.q.find(w.owner) != nil || e.shared[w.owner] != nil {
-				return nil, strs, 0, 0, 0, errCorrupt
+				return lockTable{}, strs, 0, 0, 0, errCorrupt
 			}
 			x := e.own()
 			if w.shared {
@@ -1645,13 +1625,13 @@ func decodeSnapshot(data []byte) (locks map[string]*lockEntry, strs interner, wa
 			x.q.push(w)
 		}
 		waiting += e.q.len()
-		if _, dup := locks[key]; dup {
-			return nil, strs, 0, 0, 0, errCorrupt
+		if locks.get(key) != nil {
+			return lockTable{}, strs, 0, 0, 0, errCorrupt
 		}
-		locks[key] = e
+		locks.put(key, e)
 	}
 	if d.err != nil {
-		return nil, strs, 0, 0, 0, d.err
+		return lockTable{}, strs, 0, 0, 0, d.err
 	}
 	return locks, strs, waiting, applied, lastFence, nil
 }

@@ -298,7 +298,7 @@ func FuzzFSMApply(f *testing.F) {
 		keys := []string{"k0", "k1"}
 		version := func(key, owner string) uint64 {
 			fm.mu.RLock()
-			if e := fm.locks[key]; e != nil && e.shared[owner] != nil {
+			if e := fm.locks.get(key); e != nil && e.shared[owner] != nil {
 				defer fm.mu.RUnlock()
 				return e.shared[owner].version
 			}
@@ -309,7 +309,7 @@ func FuzzFSMApply(f *testing.F) {
 				}
 				fm.mu.RLock()
 				defer fm.mu.RUnlock()
-				return fm.locks[key].delayVersion
+				return fm.locks.get(key).delayVersion
 			}
 			return 0
 		}
@@ -354,7 +354,7 @@ func FuzzFSMApply(f *testing.F) {
 			case 10:
 				var since uint64
 				fm.mu.RLock()
-				if e := fm.locks[key]; e != nil {
+				if e := fm.locks.get(key); e != nil {
 					if n := e.q.find(owner); n != nil {
 						since = n.since - uint64(arg&1)
 					}
@@ -383,7 +383,7 @@ func FuzzFSMApply(f *testing.F) {
 			// waiter is left that could be granted); queue entries unique.
 			for _, k := range keys {
 				fm.mu.RLock()
-				if e := fm.locks[k]; e != nil {
+				if e := fm.locks.get(k); e != nil {
 					if e.held && len(e.shared) > 0 || e.limit > 0 && len(e.shared) > e.limit {
 						t.Fatalf("key %s: exclusive %v with %d shared grants (limit %d)", k, e.held, len(e.shared), e.limit)
 					}

@@ -191,14 +191,14 @@ func TestFSM_LimitsAndBadCommands(t *testing.T) {
 func dump(f *fsm) string {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	keys := make([]string, 0, len(f.locks))
-	for k := range f.locks {
+	keys := make([]string, 0, f.locks.len())
+	for k := range f.locks.all() {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
 	var b bytes.Buffer
 	for _, k := range keys {
-		e := f.locks[k]
+		e := f.locks.get(k)
 		fmt.Fprintf(&b, "%q held=%v %s delay=%v/%d", k, e.held, grantText(&e.grant), e.delay, e.delayVersion)
 		e.q.each(func(w *waiter) { fmt.Fprintf(&b, " %s", waiterText(w)) })
 		if len(e.shared) > 0 || e.nsw > 0 {

@@ -13,7 +13,7 @@ func queuedOwners(s *Server, key string) []string {
 	s.fsm.mu.RLock()
 	defer s.fsm.mu.RUnlock()
 	var out []string
-	if e := s.fsm.locks[key]; e != nil {
+	if e := s.fsm.locks.get(key); e != nil {
 		e.q.each(func(w *waiter) { out = append(out, w.owner) })
 	}
 	return out

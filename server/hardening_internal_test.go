@@ -36,7 +36,7 @@ func startTestServer(t *testing.T, cfg Config) *Server {
 func countdownTTL(s *Server, key string) (time.Duration, bool) {
 	s.clock.mu.Lock()
 	defer s.clock.mu.Unlock()
-	l := s.clock.byKey[key]
+	l := s.clock.byKey.get(key)
 	if l == nil || l.delay {
 		return 0, false
 	}

@@ -46,7 +46,7 @@ func liveShared(e *lockEntry, owner string) *grant {
 // leases returns the server's lease count, the limit MaxLeases bounds: one
 // per key with an Exclusive grant or a lock-delay, one per Shared grant.
 func (f *fsm) leases() uint64 {
-	return uint64(len(f.locks) - f.sharedKeys + f.nshared)
+	return uint64(f.locks.len() - f.sharedKeys + f.nshared)
 }
 
 // nextFence returns the fence of a grant made by the entry at index idx:
@@ -111,8 +111,7 @@ func (f *fsm) acquireShared(idx uint64, c *command, e *lockEntry, evs []event) (
 		}
 		e = newLockEntry()
 		e.own().limit = limit
-		f.locks[c.key] = e
-		f.keys.ReplaceOrInsert(c.key)
+		f.locks.put(c.key, e)
 		w := newWaiter()
 		w.since = 0
 		var fence uint64
@@ -194,7 +193,7 @@ func (f *fsm) endShared(idx uint64, key string, e *lockEntry, g *grant, why remo
 // ran out (the version the leader's countdown ran for), and grants the
 // waiters it held back.
 func (f *fsm) endSharedDelay(idx uint64, c *command, evs []event) (applyResult, []event) {
-	e := f.locks[c.key]
+	e := f.locks.get(c.key)
 	if e == nil {
 		return applyResult{code: resOK}, evs
 	}
@@ -315,7 +314,7 @@ func sharedInto(e *lockEntry, v *holderView, all bool) {
 func (f *fsm) wouldRefuse(key, owner string, shared bool, limit int) bool {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	e := f.locks[key]
+	e := f.locks.get(key)
 	if e == nil {
 		return false
 	}
@@ -448,9 +447,9 @@ func decodeSharedEntry(d *dec, e *lockEntry, strs interner) error {
 // restoredShared returns, for a restored table, the last fence issued (the
 // snapshot's, or for a snapshot older than v4, whose fences were indexes,
 // the greatest fence it holds) and its Shared counts.
-func restoredShared(locks map[string]*lockEntry, lastFence uint64) (last uint64, nshared, sharedKeys int) {
+func restoredShared(locks lockTable, lastFence uint64) (last uint64, nshared, sharedKeys int) {
 	last = lastFence
-	for _, e := range locks {
+	for _, e := range locks.all() {
 		if e.held {
 			last = max(last, e.grant.fence)
 		}
@@ -470,7 +469,7 @@ func restoredShared(locks map[string]*lockEntry, lastFence uint64) (last uint64,
 func (f *fsm) sharedLimit(key string) (limit int, ok bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	e := f.locks[key]
+	e := f.locks.get(key)
 	if e == nil || len(e.shared) == 0 && e.nsw == 0 {
 		return 0, false
 	}
@@ -493,7 +492,7 @@ func (f *fsm) rebindSession(g *grant, session string) {
 // anySharedWaiter reports whether some key has a Shared waiter, with f.mu
 // held.
 func (f *fsm) anySharedWaiter() bool {
-	for _, e := range f.locks {
+	for _, e := range f.locks.all() {
 		if e.nsw > 0 {
 			return true
 		}

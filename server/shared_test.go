@@ -258,7 +258,7 @@ func TestFSM_SharedForceRelease(t *testing.T) {
 		t.Fatalf("after the force release: %+v, want q waiting for the lock-delay", v)
 	}
 	h.f.mu.RLock()
-	delay := h.f.locks["f"].delay
+	delay := h.f.locks.get("f").delay
 	h.f.mu.RUnlock()
 	if delay != 200*time.Millisecond {
 		t.Fatalf("lock-delay %v, want the longest, 200ms", delay)
