@@ -383,6 +383,7 @@ type Driver struct {
 	noSession   bool                       // no Session loop (Options.NoSession)
 	waiting     atomic.Int32               // Waits queued now (the Session loop probes the leader more often)
 	waitStarted chan struct{}              // poked (never blocking) when a Wait starts
+	sessionKick chan struct{}              // poked (never blocking) when a unary call succeeds with no Session stream
 	handedOn    handedOnKeys               // keys this Driver's releases handed to a waiter (wait.go)
 }
 
@@ -550,6 +551,7 @@ func newDriver(cl *cluster, opts *Options) *Driver {
 		noSession:   opts.NoSession,
 		lost:        make(map[grantKey]lostEntry),
 		waitStarted: make(chan struct{}, 1),
+		sessionKick: make(chan struct{}, 1),
 		reasons:     newRecent[string](),
 		early:       newRecent[uint64](),
 	}

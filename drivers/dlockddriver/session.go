@@ -184,6 +184,10 @@ func (d *Driver) sessionLoop() {
 		var err error
 		var client dlockv1.LockClient
 		start := time.Now()
+		select { // a success before this attempt says nothing of its outcome
+		case <-d.sessionKick:
+		default:
+		}
 		if client, err = d.cl.client(m); err == nil {
 			sctx, cancel := context.WithCancel(ctx)
 			var stream dlockv1.Lock_SessionClient
@@ -209,14 +213,19 @@ func (d *Driver) sessionLoop() {
 		if time.Since(start) > time.Second {
 			delay = 50 * time.Millisecond
 		}
-		if c := status.Code(err); c == codes.Unauthenticated || c == codes.PermissionDenied {
+		kickable := true
+		switch status.Code(err) {
+		case codes.Unauthenticated, codes.PermissionDenied:
 			// The token was refused (revoked by a reload of the auth
 			// file?): retrying every 2 s would only fill the server's
 			// audit log. Calls meanwhile use the unary RPCs, whose own
 			// refusals end the leases (the root package's heartbeat).
 			delay = authRetryDelay
+			kickable = false
+		case codes.ResourceExhausted: // the server's stream limits: no sooner than the backoff
+			kickable = false
 		}
-		if !sleepCtx(ctx, delay) {
+		if !d.pauseSession(ctx, delay, kickable) {
 			return
 		}
 		delay = min(delay*2, 2*time.Second)
@@ -226,6 +235,46 @@ func (d *Driver) sessionLoop() {
 // authRetryDelay is how long the Session loop waits before it opens the
 // stream again after the server refused the Driver's credentials.
 const authRetryDelay = 30 * time.Second
+
+// sessionRetryFloor is the least pause of the Session loop between two
+// attempts to open the stream when a unary call's success cuts the pause
+// short (pauseSession).
+const sessionRetryFloor = 100 * time.Millisecond
+
+// kickSession tells the Session loop, never blocking, that a unary call
+// just succeeded while the Driver has no Session stream.
+func (d *Driver) kickSession() {
+	select {
+	case d.sessionKick <- struct{}{}:
+	default:
+	}
+}
+
+// pauseSession waits delay (the loop's backoff, 50 ms doubling to 2 s)
+// before the Session loop opens its stream again, and reports false when
+// ctx ended first. When kickable, a unary call that succeeds meanwhile
+// (kickSession) ends the pause, though not before sessionRetryFloor: the
+// server answers again, so the stream is opened now rather than up to 2 s
+// later. The stream is refused while a server is not yet the leader (a
+// dlockd just started, an election), and every call meanwhile took the
+// unary path, which costs about 2.7 times the CPU per lock cycle.
+func (d *Driver) pauseSession(ctx context.Context, delay time.Duration, kickable bool) bool {
+	if !kickable || delay <= sessionRetryFloor {
+		return sleepCtx(ctx, delay)
+	}
+	if !sleepCtx(ctx, sessionRetryFloor) {
+		return false
+	}
+	t := time.NewTimer(delay - sessionRetryFloor)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	case <-d.sessionKick:
+	}
+	return true
+}
 
 // watchStream waits until the Session stream cs ends (its error), the
 // belief moves away from its member (nil), or a probe finds its member no
