@@ -653,6 +653,7 @@ func (d *Driver) tryAcquire(ctx context.Context, req driver.AcquireRequest, k gr
 	if err != nil {
 		return driver.Grant{}, mapErr(ctx, "acquire", req.Key, err)
 	}
+	d.unaryWrote()
 	return d.grant(req, resp.GetFence()), nil
 }
 
@@ -715,6 +716,9 @@ func (d *Driver) RenewBatch(ctx context.Context, items []RenewItem) ([]error, er
 			resp, err = c.Renew(ctx, req)
 			return err
 		})
+		if err == nil {
+			d.unaryWrote()
+		}
 	}
 	if err != nil {
 		key := ""
@@ -792,6 +796,9 @@ func (d *Driver) Release(ctx context.Context, key, owner string) error {
 			return err
 		})
 		retried = sent || res.retried
+		if err == nil {
+			d.unaryWrote()
+		}
 	}
 	if err == nil && next != 0 {
 		d.handedOn.note(key)

@@ -585,9 +585,6 @@ func (d *Driver) call(ctx context.Context, o callOpts, fn func(ctx context.Conte
 			cancel()
 		}
 		if err == nil {
-			if d.calls.Load() == nil {
-				d.kickSession()
-			}
 			return res, nil
 		}
 		kind, hint := classify(err, attemptEnded)

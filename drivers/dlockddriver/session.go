@@ -174,6 +174,12 @@ func (d *Driver) sessionLoop() {
 	defer d.watchWG.Done()
 	ctx := d.watchCtx
 	delay := 50 * time.Millisecond
+	// kickFloor: the least pause a unary write's success may cut a pause
+	// short to (pauseSession): sessionRetryFloor, doubled by each pause so
+	// cut since the stream last stayed open, so that a server that keeps
+	// refusing the stream while its unary writes succeed is asked about as
+	// often as the backoff alone would ask it.
+	kickFloor := sessionRetryFloor
 	for ctx.Err() == nil {
 		m, changed := d.cl.current()
 		if d.cl.size() > 1 {
@@ -205,15 +211,21 @@ func (d *Driver) sessionLoop() {
 		if status.Code(err) == codes.Unimplemented {
 			return
 		}
+		elsewhere := false // a follower named a leader the Driver could not follow
 		if hint, ok := leaderHint(err); ok && hint != "" && hint != m.addr {
 			if d.cl.follow(hint) != nil {
 				continue // refused at the start by a follower: go to its leader now
 			}
+			elsewhere = true
 		}
 		if time.Since(start) > time.Second {
 			delay = 50 * time.Millisecond
+			kickFloor = sessionRetryFloor
 		}
-		kickable := true
+		// kickable: whether a unary write's success says the next attempt
+		// may be accepted. Not when the leader is elsewhere: writes succeed
+		// through the follower's forwarding, its streams never will.
+		kickable := !elsewhere
 		switch status.Code(err) {
 		case codes.Unauthenticated, codes.PermissionDenied:
 			// The token was refused (revoked by a reload of the auth
@@ -225,8 +237,12 @@ func (d *Driver) sessionLoop() {
 		case codes.ResourceExhausted: // the server's stream limits: no sooner than the backoff
 			kickable = false
 		}
-		if !d.pauseSession(ctx, delay, kickable) {
+		ok, kicked := d.pauseSession(ctx, delay, kickFloor, kickable)
+		if !ok {
 			return
+		}
+		if kicked {
+			kickFloor *= 2
 		}
 		delay = min(delay*2, 2*time.Second)
 	}
@@ -237,13 +253,19 @@ func (d *Driver) sessionLoop() {
 const authRetryDelay = 30 * time.Second
 
 // sessionRetryFloor is the least pause of the Session loop between two
-// attempts to open the stream when a unary call's success cuts the pause
-// short (pauseSession).
+// attempts to open the stream when a unary write's success cuts the pause
+// short (pauseSession), while the stream has not stayed open since.
 const sessionRetryFloor = 100 * time.Millisecond
 
-// kickSession tells the Session loop, never blocking, that a unary call
-// just succeeded while the Driver has no Session stream.
-func (d *Driver) kickSession() {
+// unaryWrote tells the Session loop, never blocking, that a write (an
+// acquisition, renewal or release) just succeeded as a unary RPC because
+// the Driver had no Session stream: the leader answers writes again, so
+// it would accept the stream (pauseSession). Only writes: a read (a fence
+// check, an inspection) is answered by a node that does not lead yet.
+func (d *Driver) unaryWrote() {
+	if d.noSession {
+		return
+	}
 	select {
 	case d.sessionKick <- struct{}{}:
 	default:
@@ -251,29 +273,31 @@ func (d *Driver) kickSession() {
 }
 
 // pauseSession waits delay (the loop's backoff, 50 ms doubling to 2 s)
-// before the Session loop opens its stream again, and reports false when
-// ctx ended first. When kickable, a unary call that succeeds meanwhile
-// (kickSession) ends the pause, though not before sessionRetryFloor: the
-// server answers again, so the stream is opened now rather than up to 2 s
-// later. The stream is refused while a server is not yet the leader (a
-// dlockd just started, an election), and every call meanwhile took the
-// unary path, which costs about 2.7 times the CPU per lock cycle.
-func (d *Driver) pauseSession(ctx context.Context, delay time.Duration, kickable bool) bool {
-	if !kickable || delay <= sessionRetryFloor {
-		return sleepCtx(ctx, delay)
+// before the Session loop opens its stream again; ok is false when ctx
+// ended first, kicked true when a kick ended the pause. When kickable, a
+// unary write that succeeds meanwhile (unaryWrote) ends the pause, though
+// not before floor: the leader answers writes again, so the stream is
+// opened now rather than up to 2 s later. The stream is refused while a
+// server is not yet the leader (a dlockd just started, an election), and
+// every call meanwhile took the unary path, which costs about 2.7 times
+// the CPU per lock cycle.
+func (d *Driver) pauseSession(ctx context.Context, delay, floor time.Duration, kickable bool) (ok, kicked bool) {
+	if !kickable || delay <= floor {
+		return sleepCtx(ctx, delay), false
 	}
-	if !sleepCtx(ctx, sessionRetryFloor) {
-		return false
+	if !sleepCtx(ctx, floor) {
+		return false, false
 	}
-	t := time.NewTimer(delay - sessionRetryFloor)
+	t := time.NewTimer(delay - floor)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
-		return false
+		return false, false
 	case <-t.C:
+		return true, false
 	case <-d.sessionKick:
+		return true, true
 	}
-	return true
 }
 
 // watchStream waits until the Session stream cs ends (its error), the

@@ -3,11 +3,18 @@ package dlockddriver_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
 	"github.com/dlock-dev/dlock/drivers/dlockddriver"
+	dlockv1 "github.com/dlock-dev/dlock/proto/dlock/v1"
 	"github.com/dlock-dev/dlock/server/servertest"
 )
 
@@ -91,4 +98,71 @@ func waitSessionOpen(t *testing.T, d *dlockddriver.Driver, limit time.Duration) 
 		time.Sleep(5 * time.Millisecond)
 	}
 	return time.Now()
+}
+
+// refusingFollower answers unary acquisitions and releases (as a follower
+// that forwards them to its leader does) and refuses every Session stream
+// with NOT_LEADER and no leader hint (streams are not forwarded): a Driver
+// that cannot reach the leader itself.
+type refusingFollower struct {
+	dlockv1.UnimplementedLockServer
+	sessions atomic.Int64
+	fence    atomic.Uint64
+}
+
+func (s *refusingFollower) Acquire(context.Context, *dlockv1.AcquireRequest) (*dlockv1.AcquireResponse, error) {
+	return &dlockv1.AcquireResponse{Fence: s.fence.Add(1)}, nil
+}
+
+func (s *refusingFollower) Release(context.Context, *dlockv1.ReleaseRequest) (*dlockv1.ReleaseResponse, error) {
+	return &dlockv1.ReleaseResponse{}, nil
+}
+
+func (s *refusingFollower) Session(dlockv1.Lock_SessionServer) error {
+	s.sessions.Add(1)
+	return status.Error(codes.Unavailable, "dlockd: not ready: not the leader or catching up (NOT_LEADER)")
+}
+
+// TestDriver_SessionRefusedWhileUnaryCallsSucceedKeepsItsBackoff: a server
+// that answers every unary write but refuses every Session stream gets the
+// stream asked for about as often as the backoff alone asks (50 ms doubling
+// to 2 s: 7 attempts in 4 s), not every 100 ms: the first version of the
+// kick reopened it about 10 times a second, for every Driver of every
+// process pinned to such a node (found by a helper's break test: 60 refused
+// streams in 6 s, against 8). Each pause a write cuts short doubles the
+// next one's floor. The server is a stand-in: a real dlockd follower names
+// its leader in the refusal, and the Driver follows it or, when it cannot,
+// lets no write cut its pause.
+func TestDriver_SessionRefusedWhileUnaryCallsSucceedKeepsItsBackoff(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	fs := &refusingFollower{}
+	dlockv1.RegisterLockServer(srv, fs)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	cc, err := grpc.NewClient("passthrough:///"+lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	d := dlockddriver.New(cc, &dlockddriver.Options{NoWatch: true})
+	t.Cleanup(func() { _ = d.Close() })
+	const run = 4 * time.Second
+	end := time.Now().Add(run)
+	calls := 0
+	for i := 0; time.Now().Before(end); i++ {
+		if err := cycle(t.Context(), d, fmt.Sprintf("k%d", i)); err != nil {
+			t.Fatal(err)
+		}
+		calls++
+		time.Sleep(20 * time.Millisecond)
+	}
+	n := fs.sessions.Load()
+	t.Logf("%d unary lock cycles answered, %d Session streams refused in %v", calls, n, run)
+	if n > 9 {
+		t.Fatalf("%d Session streams in %v while unary writes succeeded and every stream was refused: want about the backoff's 7", n, run)
+	}
 }
