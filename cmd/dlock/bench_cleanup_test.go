@@ -447,7 +447,8 @@ func TestBench_RawRecipes(t *testing.T) {
 // ends bench with exit 69 and a message that names that store's address,
 // not DLOCK_STORE's: a dlockd URL (its driver dials lazily) used to give a
 // table of zeros and exit 0, and a Redis URL a message about the global
-// store (found by a helper's break test).
+// store (found by a helper's break test). Nor does it warn that it could
+// not delete a namespace there: it made none.
 func TestBench_UnreachableStoreFailsNamingIt(t *testing.T) {
 	global := "dlockd://" + freeAddrForBench(t)
 	for _, store := range []string{"dlockd://" + freeAddrForBench(t), "redis://" + freeAddrForBench(t)} {
@@ -459,6 +460,34 @@ func TestBench_UnreachableStoreFailsNamingIt(t *testing.T) {
 		}
 		if strings.Contains(res.stdout, "| 0 |") {
 			t.Errorf("bench --store %s printed a table: %s", store, res.stdout)
+		}
+		if strings.Contains(res.stderr, "could not delete") {
+			t.Errorf("bench --store %s warned of a namespace it never made: %q", store, res.stderr)
+		}
+	}
+}
+
+// TestBench_UsageErrorsTouchNoStore: client counts and cell durations bench
+// would refuse are refused before it calls any store (exit 64, no
+// namespace made, no warning that one could not be deleted), whether or
+// not the store is reachable; a duration too short to make one cycle used
+// to print a table of zeros.
+func TestBench_UsageErrorsTouchNoStore(t *testing.T) {
+	store := "redis://" + freeAddrForBench(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--duration", "1ns"}, "shorter than 100ms"},
+		{[]string{"--duration", "0s"}, "want a positive duration"},
+		{[]string{"--duration", "-1s"}, "want a positive duration"},
+		{[]string{"--clients", "2,2"}, "client count 2 is given twice"},
+		{[]string{"--contended", "0"}, "client count 0 is outside"},
+	} {
+		res := dlock(t, store, append([]string{"bench", "--store", store, "--skip-hold"}, c.args...)...)
+		wantCode(t, res, 64)
+		if !strings.Contains(res.stderr, c.want) || strings.Contains(res.stderr, "could not delete") || strings.Contains(res.stderr, "cannot reach") {
+			t.Errorf("bench %v: stderr %q, want only %q", c.args, res.stderr, c.want)
 		}
 	}
 }

@@ -71,6 +71,40 @@ type Config struct {
 	// run-start baseline is still measured, for its own table).
 	PairedBaselines bool
 	Progress        func(format string, args ...any)
+	// Touching, when set, is called with a store's URL just before the
+	// run's first call to it (its probe): only a store it was called for
+	// may hold anything of the run's. A run that fails earlier (a usage
+	// error, a baseline's server down, an earlier store's failure) touches
+	// no store after it.
+	Touching func(store string)
+}
+
+// MinDuration is the shortest W1 and W2 cell Run accepts: a shorter one
+// ends before its clients made a cycle, and its row reads zero.
+const MinDuration = 100 * time.Millisecond
+
+// Check returns the first error of cfg a run would refuse before any store
+// or baseline call: a client count outside [1, 10000] or given twice in
+// one list (the ratios look rows up by client count), a Duration under
+// MinDuration (zero and negative durations are the default, 3 s). Run
+// calls it; a caller may call it before it prepares the stores.
+func (c Config) Check() error {
+	for _, n := range append(slices.Clone(c.Clients), c.ContendedClients...) {
+		if n < 1 || n > 10_000 {
+			return fmt.Errorf("bench: client count %d is outside [1, 10000]", n)
+		}
+	}
+	for _, counts := range [][]int{c.Clients, c.ContendedClients} {
+		for i, n := range counts {
+			if slices.Contains(counts[:i], n) {
+				return fmt.Errorf("bench: client count %d is given twice", n)
+			}
+		}
+	}
+	if c.Duration > 0 && c.Duration < MinDuration {
+		return fmt.Errorf("bench: duration %v is shorter than %v: a cell would end before its clients made a cycle", c.Duration, MinDuration)
+	}
+	return nil
 }
 
 func (c *Config) defaults() {
@@ -198,21 +232,10 @@ type Report struct {
 
 // Run runs every workload against every store, one after the other.
 func Run(ctx context.Context, cfg Config) (Report, error) {
+	if err := cfg.Check(); err != nil {
+		return Report{}, err
+	}
 	cfg.defaults()
-	for _, n := range append(slices.Clone(cfg.Clients), cfg.ContendedClients...) {
-		if n < 1 || n > 10_000 {
-			return Report{}, fmt.Errorf("bench: client count %d is outside [1, 10000]", n)
-		}
-	}
-	// A client count given twice would make two rows that the ratios,
-	// looked up by client count, could not tell apart.
-	for _, counts := range [][]int{cfg.Clients, cfg.ContendedClients} {
-		for i, n := range counts {
-			if slices.Contains(counts[:i], n) {
-				return Report{}, fmt.Errorf("bench: client count %d is given twice", n)
-			}
-		}
-	}
 	var rep Report
 	if cfg.LimitsDir != "" || cfg.RawRedisAddr != "" || cfg.RawEtcdEndpoint != "" || cfg.RawZKAddr != "" {
 		b, err := runBaseline(ctx, cfg)
@@ -222,8 +245,11 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		rep.Baseline = &b
 	}
 	for _, store := range cfg.Stores {
+		if cfg.Touching != nil {
+			cfg.Touching(store)
+		}
 		if err := probe(ctx, store); err != nil {
-			return rep, &StoreError{Store: store, Err: err}
+			return rep, &StoreError{Store: store, Err: err, Probe: true}
 		}
 		for _, n := range cfg.Clients {
 			var rawRedis, rawRecipe float64
@@ -270,6 +296,9 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 type StoreError struct {
 	Store string
 	Err   error
+	// Probe: the store's first call failed (it could not be reached,
+	// refused the credentials, …): the run made nothing there.
+	Probe bool
 }
 
 func (e *StoreError) Error() string { return e.Err.Error() }

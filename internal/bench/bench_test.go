@@ -105,3 +105,21 @@ func TestRun_ClientCountGivenTwice(t *testing.T) {
 		}
 	}
 }
+
+// TestRun_DurationTooShort: a cell shorter than MinDuration is refused
+// before any store is called (Touching is never called): it would end
+// before its clients made a cycle and read zero. The default (zero) and
+// MinDuration itself pass the check.
+func TestRun_DurationTooShort(t *testing.T) {
+	touched := false
+	c := Config{Stores: []string{"dlockd://127.0.0.1:1"}, Duration: MinDuration - 1, Touching: func(string) { touched = true }}
+	_, err := Run(t.Context(), c)
+	if err == nil || !strings.Contains(err.Error(), "shorter than") || touched {
+		t.Errorf("Run(duration %v) = %v (store touched: %v), want a refusal before any store call", c.Duration, err, touched)
+	}
+	for _, d := range []time.Duration{0, MinDuration} {
+		if err := (Config{Duration: d}).Check(); err != nil {
+			t.Errorf("Check(duration %v) = %v, want nil", d, err)
+		}
+	}
+}

@@ -128,7 +128,27 @@ bounded tail of entries after a snapshot).`,
 			if paired && rawRedis == "" && rawEtcd == "" && rawZK == "" {
 				return exit(ExitUsage, "bench: --paired-baselines needs a raw baseline to run again: --raw-redis, --raw-etcd or --raw-zk")
 			}
+			if duration <= 0 {
+				return exit(ExitUsage, "bench: --duration %v: want a positive duration (at least %v)", duration, bench.MinDuration)
+			}
+			cfg := bench.Config{
+				Clients: clients, ContendedClients: cclients, Duration: duration,
+				HoldKeys: holdKeys, HoldSettle: holdSettle, SkipHold: skipHold,
+				RawRedisAddr: rawRedis, RawEtcdEndpoint: rawEtcd, RawZKAddr: rawZK, LimitsDir: limits,
+				PairedBaselines: paired,
+				Progress:        func(format string, a ...any) { fmt.Fprintf(g.stderr, "bench: "+format+"\n", a...) },
+			}
+			// Refused before any namespace is made, so that nothing is
+			// left to delete (nor a warning that it could not be).
+			if err := cfg.Check(); err != nil {
+				return exit(ExitUsage, "%w", err)
+			}
 			asGiven := map[string]string{} // scoped URL → the URL given
+			// touched: the stores the run called (Config.Touching, from
+			// this goroutine); only their namespaces can hold anything.
+			// runErr: the run's error, for the cleanups deferred below.
+			touched := map[string]bool{}
+			var runErr error
 			for i, s := range stores {
 				scoped, cleanup, err := benchScope(s)
 				if err != nil {
@@ -140,7 +160,14 @@ bounded tail of entries after a snapshot).`,
 				stores[i] = scoped
 				asGiven[scoped] = s
 				defer func() {
+					if !touched[scoped] {
+						return // never called: nothing of the run's is there
+					}
 					if err := cleanup(); err != nil {
+						var se *bench.StoreError
+						if errors.As(runErr, &se) && se.Store == scoped && se.Probe {
+							return // its first call failed (unreachable?): the run made nothing there
+						}
 						where := urlparam.RedactString(scoped)
 						fmt.Fprintf(g.stderr, "dlock: warning: bench could not delete its namespace, delete it by hand: %s: %v\n", where, err)
 					}
@@ -167,13 +194,10 @@ bounded tail of entries after a snapshot).`,
 				case <-ctx.Done():
 				}
 			}()
-			rep, err := bench.Run(ctx, bench.Config{
-				Stores: stores, Clients: clients, ContendedClients: cclients, Duration: duration,
-				HoldKeys: holdKeys, HoldSettle: holdSettle, SkipHold: skipHold, ServerPIDs: pidMap,
-				RawRedisAddr: rawRedis, RawEtcdEndpoint: rawEtcd, RawZKAddr: rawZK, LimitsDir: limits,
-				PairedBaselines: paired,
-				Progress:        func(format string, a ...any) { fmt.Fprintf(g.stderr, "bench: "+format+"\n", a...) },
-			})
+			cfg.Stores, cfg.ServerPIDs = stores, pidMap
+			cfg.Touching = func(store string) { touched[store] = true }
+			rep, err := bench.Run(ctx, cfg)
+			runErr = err
 			if sig, ok := caught.Load().(os.Signal); ok {
 				code := 128 + int(sig.(syscall.Signal))
 				return exit(code, "bench: interrupted by %v", sig)
