@@ -696,7 +696,7 @@ func (s *Server) inspect(key string) (holderOut, bool, error) {
 // over pages: limit counts entries, and a page holds at least one key), from
 // the page that pageToken names (empty: the first), and returns the token of
 // the next page ("" after the last). Its cost is the page's, not the
-// table's: the FSM walks its ordered key index. With an auth file it scans
+// table's: the FSM walks its ordered table. With an auth file it scans
 // only the key ranges ctx's identity may read (readRanges), so every key
 // it reads, returns or names in a page token is readable by the caller; a
 // page token naming any other string just starts the walk after it.

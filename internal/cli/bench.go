@@ -249,7 +249,7 @@ bounded tail of entries after a snapshot).`,
 	fl.StringArrayVar(&stores, "store", nil, "store URL to benchmark (repeat for several; default: the global --store)")
 	fl.IntSliceVar(&clients, "clients", []int{1, 8, 64}, "W1 client counts")
 	fl.IntSliceVar(&cclients, "contended", []int{8, 64}, "W2 client counts")
-	fl.DurationVar(&duration, "duration", 3*time.Second, "length of each W1 and W2 cell")
+	fl.DurationVar(&duration, "duration", 3*time.Second, "length of each W1 and W2 cell (at least 100ms)")
 	fl.IntVar(&holdKeys, "hold-keys", 100_000, "W3: keys held at once")
 	fl.DurationVar(&holdSettle, "hold-settle", 15*time.Second, "W3: read the server's memory again this long after the last grant, the keys still held (0: once); needs --pid")
 	fl.BoolVar(&skipHold, "skip-hold", false, "skip W3")
