@@ -383,7 +383,7 @@ type Driver struct {
 	noSession   bool                       // no Session loop (Options.NoSession)
 	waiting     atomic.Int32               // Waits queued now (the Session loop probes the leader more often)
 	waitStarted chan struct{}              // poked (never blocking) when a Wait starts
-	sessionKick chan struct{}              // poked (never blocking) when a unary call succeeds with no Session stream
+	sessionKick chan struct{}              // poked (never blocking) when a unary write succeeds with no Session stream (unaryWrote)
 	handedOn    handedOnKeys               // keys this Driver's releases handed to a waiter (wait.go)
 }
 
