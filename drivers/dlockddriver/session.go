@@ -176,7 +176,8 @@ func (d *Driver) sessionLoop() {
 	delay := 50 * time.Millisecond
 	// kickFloor: the least pause a unary write's success may cut a pause
 	// short to (pauseSession): sessionRetryFloor, doubled by each pause so
-	// cut since the stream last stayed open, so that a server that keeps
+	// cut since a stream last answered a call or stayed open a second, so
+	// that a server that keeps
 	// refusing the stream while its unary writes succeed is asked about as
 	// often as the backoff alone would ask it.
 	kickFloor := sessionRetryFloor
@@ -190,7 +191,8 @@ func (d *Driver) sessionLoop() {
 		var err error
 		var client dlockv1.LockClient
 		start := time.Now()
-		select { // a success before this attempt says nothing of its outcome
+		accepted := false // the server answered a call on this attempt's stream
+		select {          // a success before this attempt says nothing of its outcome
 		case <-d.sessionKick:
 		default:
 		}
@@ -205,6 +207,9 @@ func (d *Driver) sessionLoop() {
 				go func() { ended <- cs.recvLoop() }()
 				err = d.watchStream(ctx, cs, changed, ended)
 				d.dropStream(cs)
+				cs.mu.Lock()
+				accepted = cs.answered
+				cs.mu.Unlock()
 			}
 			cancel()
 		}
@@ -218,7 +223,7 @@ func (d *Driver) sessionLoop() {
 			}
 			elsewhere = true
 		}
-		if time.Since(start) > time.Second {
+		if accepted || time.Since(start) > time.Second {
 			delay = 50 * time.Millisecond
 			kickFloor = sessionRetryFloor
 		}

@@ -80,6 +80,11 @@ func TestDriver_SessionReopensWhenUnaryCallsSucceed(t *testing.T) {
 		if gap > bound {
 			slow++
 		}
+		// A cycle on the stream: the server accepted it (its answer resets
+		// the loop's backoff, as a stream in use for a while does).
+		if err := cycle(t.Context(), d, fmt.Sprintf("reopened:%d", round)); err != nil {
+			t.Fatalf("round %d: a cycle on the reopened stream: %v", round, err)
+		}
 	}
 	if slow > 1 {
 		t.Fatalf("the Session stream reopened more than %v after the first successful unary call in %d of 4 restarts: the loop waits out its backoff", bound, slow)
