@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os/exec"
 	"slices"
 	"strings"
@@ -26,6 +25,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/dlock-dev/dlock/internal/testservers"
+	"github.com/dlock-dev/dlock/server/servertest"
 )
 
 // shortBench runs every workload briefly against store (W3 with a few
@@ -450,8 +450,8 @@ func TestBench_RawRecipes(t *testing.T) {
 // store (found by a helper's break test). Nor does it warn that it could
 // not delete a namespace there: it made none.
 func TestBench_UnreachableStoreFailsNamingIt(t *testing.T) {
-	global := "dlockd://" + freeAddrForBench(t)
-	for _, store := range []string{"dlockd://" + freeAddrForBench(t), "redis://" + freeAddrForBench(t)} {
+	global := "dlockd://" + servertest.FreePort(t)
+	for _, store := range []string{"dlockd://" + servertest.FreePort(t), "redis://" + servertest.FreePort(t)} {
 		res := dlock(t, global, "bench", "--store", store, "--clients", "1", "--contended", "2", "--duration", "300ms", "--skip-hold")
 		wantCode(t, res, 69)
 		host := strings.TrimPrefix(strings.TrimPrefix(store, "dlockd://"), "redis://")
@@ -473,7 +473,7 @@ func TestBench_UnreachableStoreFailsNamingIt(t *testing.T) {
 // not the store is reachable; a duration too short to make one cycle used
 // to print a table of zeros.
 func TestBench_UsageErrorsTouchNoStore(t *testing.T) {
-	store := "redis://" + freeAddrForBench(t)
+	store := "redis://" + servertest.FreePort(t)
 	for _, c := range []struct {
 		args []string
 		want string
@@ -490,16 +490,4 @@ func TestBench_UsageErrorsTouchNoStore(t *testing.T) {
 			t.Errorf("bench %v: stderr %q, want only %q", c.args, res.stderr, c.want)
 		}
 	}
-}
-
-// freeAddrForBench returns a 127.0.0.1 address nothing listens on.
-func freeAddrForBench(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr
 }

@@ -202,9 +202,6 @@ bounded tail of entries after a snapshot).`,
 				code := 128 + int(sig.(syscall.Signal))
 				return exit(code, "bench: interrupted by %v", sig)
 			}
-			if err != nil && strings.HasPrefix(err.Error(), "bench: client count") {
-				return exit(ExitUsage, "%w", err)
-			}
 			if err != nil {
 				// The message names the store that failed, not the
 				// global --store.
