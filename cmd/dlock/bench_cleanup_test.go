@@ -7,6 +7,7 @@ package main_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -199,12 +200,15 @@ WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast') ORDER BY
 // interruptedBench starts a bench on store whose workload (W1, W2 or W3)
 // would run long (a W1 cell of 60s; W1 then a W2 cell of 10s each; W3
 // holding a million keys), sends SIGINT half a second into it, and wants
-// exit 130 within 5s of the signal.
-func interruptedBench(t *testing.T, store, workload string, extra ...string) {
+// exit 130 within 5s of the signal. It returns the -o json error object
+// printed on stdout.
+func interruptedBench(t *testing.T, store, workload string, extra ...string) interruptedJSON {
 	t.Helper()
 	duration := map[string]string{"W1": "60s", "W2": "10s", "W3": "200ms", "W1 raw Redis": "60s"}[workload]
 	cmd := command(store, append([]string{"bench", "--store", store, "--clients", "4", "--contended", "4",
 		"--duration", duration, "--hold-keys", "1000000", "-o", "json"}, extra...)...)
+	var stdout bytes.Buffer
+	cmd.Stdout = &stdout
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -249,6 +253,34 @@ func interruptedBench(t *testing.T, store, workload string, extra ...string) {
 		<-done
 		t.Fatalf("bench still running 50s after start\nstderr: %s", errText.String())
 	}
+	var out interruptedJSON
+	if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
+		t.Fatalf("bench interrupted in %s: stdout is not one JSON object: %v\n%s", workload, err, stdout.String())
+	}
+	if out.Code != "interrupted" || out.ExitCode != 130 {
+		t.Fatalf("bench interrupted in %s: stdout %s, want code interrupted, exit_code 130", workload, stdout.String())
+	}
+	return out
+}
+
+// interruptedJSON is the -o json error of an interrupted bench: the cells
+// it finished are its report.
+type interruptedJSON struct {
+	Code     string `json:"code"`
+	ExitCode int    `json:"exit_code"`
+	Report   *struct {
+		Uncontended []struct {
+			Store        string  `json:"store"`
+			Clients      int     `json:"clients"`
+			CyclesPerSec float64 `json:"cycles_per_sec"`
+		} `json:"uncontended"`
+		Contended []struct {
+			Store          string  `json:"store"`
+			Clients        int     `json:"clients"`
+			HandoffsPerSec float64 `json:"handoffs_per_sec"`
+		} `json:"contended"`
+		Held []json.RawMessage `json:"held"`
+	} `json:"report"`
 }
 
 // TestBenchCleanup_InterruptedRedis: a bench stopped by Ctrl-C in the
@@ -259,8 +291,18 @@ func TestBenchCleanup_InterruptedRedis(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c := redisWithUserData(t, ctx, r)
-	interruptedBench(t, r.URL(), "W3")
+	out := interruptedBench(t, r.URL(), "W3")
 	wantOnlyUserData(t, ctx, c, "interrupted bench")
+	// The W1 and W2 cells finished before the signal are kept, under the
+	// URL given; the W3 cell cut short is not reported.
+	rep := out.Report
+	if rep == nil || len(rep.Uncontended) != 1 || len(rep.Contended) != 1 || len(rep.Held) != 0 {
+		t.Fatalf("bench interrupted in W3: report %+v, want the W1 and W2 cells and no W3", rep)
+	}
+	w1, w2 := rep.Uncontended[0], rep.Contended[0]
+	if w1.Store != r.URL() || w1.Clients != 4 || w1.CyclesPerSec <= 0 || w2.Store != r.URL() || w2.Clients != 4 || w2.HandoffsPerSec <= 0 {
+		t.Fatalf("bench interrupted in W3: W1 %+v, W2 %+v: want 4 clients on %s, each with figures", w1, w2, r.URL())
+	}
 }
 
 // TestBenchCleanup_InterruptedRawRedis: a bench stopped by Ctrl-C in a raw
@@ -272,8 +314,11 @@ func TestBenchCleanup_InterruptedRawRedis(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c := redisWithUserData(t, ctx, r)
-	interruptedBench(t, r.URL(), "W1 raw Redis", "--raw-redis", r.Addr(), "--paired-baselines")
+	out := interruptedBench(t, r.URL(), "W1 raw Redis", "--raw-redis", r.Addr(), "--paired-baselines")
 	wantOnlyUserData(t, ctx, c, "bench interrupted in a raw Redis cell")
+	if out.Report != nil {
+		t.Fatalf("bench interrupted in its first cell reported %+v, want no report", out.Report)
+	}
 }
 
 // TestBenchCleanup_InterruptedEtcd: on etcd, a bench interrupted in any
@@ -489,5 +534,27 @@ func TestBench_UsageErrorsTouchNoStore(t *testing.T) {
 		if !strings.Contains(res.stderr, c.want) || strings.Contains(res.stderr, "could not delete") || strings.Contains(res.stderr, "cannot reach") {
 			t.Errorf("bench %v: stderr %q, want only %q", c.args, res.stderr, c.want)
 		}
+	}
+}
+
+// TestBench_FailedStoreKeepsFinishedCells: a run whose second store cannot
+// be reached still prints the first store's tables, then the second's
+// error, and exits as for an unreachable store (69).
+func TestBench_FailedStoreKeepsFinishedCells(t *testing.T) {
+	r := testservers.StartRedis(t)
+	dead := "redis://" + servertest.FreePort(t)
+	res := dlock(t, r.URL(), "bench", "--store", r.URL(), "--store", dead, "--clients", "2", "--contended", "2",
+		"--duration", "200ms", "--skip-hold")
+	wantCode(t, res, 69)
+	for _, want := range []string{"### W1", "| redis | 2 |", "### W2"} {
+		if !strings.Contains(res.stdout, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, res.stdout)
+		}
+	}
+	if strings.Contains(res.stdout, strings.TrimPrefix(dead, "redis://")) {
+		t.Errorf("stdout has a row of the unreachable store:\n%s", res.stdout)
+	}
+	if !strings.Contains(res.stderr, "stopped early") || !strings.Contains(res.stderr, strings.TrimPrefix(dead, "redis://")) {
+		t.Errorf("stderr %q: want the unreachable store's address and that the run stopped early", res.stderr)
 	}
 }

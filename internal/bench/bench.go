@@ -230,7 +230,15 @@ type Report struct {
 	Held        []Held        `json:"held"`
 }
 
-// Run runs every workload against every store, one after the other.
+// Empty reports whether r holds no measurement: no baseline and no cell.
+func (r Report) Empty() bool {
+	return r.Baseline == nil && len(r.Uncontended) == 0 && len(r.Contended) == 0 && len(r.Held) == 0
+}
+
+// Run runs every workload against every store, one after the other. On an
+// error (or when ctx ends) it returns the cells finished before it with
+// the error; a failed baseline ends the run before any store's cell, and
+// its own figures are not returned.
 func Run(ctx context.Context, cfg Config) (Report, error) {
 	if err := cfg.Check(); err != nil {
 		return Report{}, err

@@ -105,7 +105,9 @@ touched:
 
 A URL that gives its own prefix=, path or dlock_table= is used as it is, and
 nothing is deleted there. Ctrl-C (or SIGTERM) stops the run: bench releases
-what it holds, deletes its namespace and exits 130 (143).
+what it holds, deletes its namespace and exits 130 (143). A run stopped so,
+or by a store's error, still prints the cells it finished (with -o json, as
+the "report" of its error object); the cell it was in is not reported.
 
 dlockd keeps no key after a release, but every grant and release is an
 entry of its Raft log, which bench cannot remove: the log grows by the
@@ -198,25 +200,6 @@ bounded tail of entries after a snapshot).`,
 			cfg.Touching = func(store string) { touched[store] = true }
 			rep, err := bench.Run(ctx, cfg)
 			runErr = err
-			if sig, ok := caught.Load().(os.Signal); ok {
-				code := 128 + int(sig.(syscall.Signal))
-				return exit(code, "bench: interrupted by %v", sig)
-			}
-			if err != nil {
-				// The message names the store that failed, not the
-				// global --store.
-				gs := g
-				var se *bench.StoreError
-				if errors.As(err, &se) {
-					c := *g
-					c.store = se.Store
-					if u, ok := asGiven[se.Store]; ok {
-						c.store = u
-					}
-					gs = &c
-				}
-				return gs.storeErr("bench", "", err)
-			}
 			// The report names each store as the user gave it (its password
 			// masked), not by its throwaway namespace.
 			given := func(s string) string {
@@ -233,6 +216,44 @@ bounded tail of entries after a snapshot).`,
 			}
 			for i := range rep.Held {
 				rep.Held[i].Store = given(rep.Held[i].Store)
+			}
+			var fail error
+			if sig, ok := caught.Load().(os.Signal); ok {
+				code := 128 + int(sig.(syscall.Signal))
+				fail = exit(code, "bench: interrupted by %v", sig)
+			} else if err != nil {
+				// The message names the store that failed, not the
+				// global --store.
+				gs := g
+				var se *bench.StoreError
+				if errors.As(err, &se) {
+					c := *g
+					c.store = se.Store
+					if u, ok := asGiven[se.Store]; ok {
+						c.store = u
+					}
+					gs = &c
+				}
+				fail = gs.storeErr("bench", "", err)
+			}
+			if fail != nil {
+				// The cells finished before the failure or the signal
+				// are kept: printed as tables, or as the error's
+				// "report" with -o json.
+				if rep.Empty() {
+					return fail
+				}
+				var ee *exitError
+				if !errors.As(fail, &ee) {
+					return fail
+				}
+				if g.json() {
+					ee.report = rep
+				} else {
+					rep.Markdown(g.stdout)
+					fmt.Fprintln(g.stderr, "dlock: bench: the run stopped early: the tables hold the cells it finished")
+				}
+				return fail
 			}
 			if g.json() {
 				g.printJSON(rep)

@@ -63,6 +63,9 @@ type exitError struct {
 	kind   string // "" : kindOf(code)
 	err    error  // the one-line message; nil when already reported
 	detail error  // the raw error behind a rewritten message, or nil
+	// report, with -o json, is what the command measured before it
+	// failed (bench's finished cells), printed as the error's "report".
+	report any
 }
 
 func (e *exitError) Error() string {
@@ -123,6 +126,7 @@ type errorJSON struct {
 	Code     string `json:"code"`
 	ExitCode int    `json:"exit_code"`
 	Detail   string `json:"detail,omitempty"`
+	Report   any    `json:"report,omitempty"`
 }
 
 type globals struct {
@@ -534,6 +538,7 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 		if ee.detail != nil {
 			obj.Detail = ee.detail.Error()
 		}
+		obj.Report = ee.report
 		_ = jsonTo(stdout).Encode(obj)
 	}
 	return ee.code
