@@ -123,3 +123,31 @@ func TestRun_DurationTooShort(t *testing.T) {
 		}
 	}
 }
+
+// TestMarkdown_BaselineBlankLines: whichever baselines a run measured, the
+// Baseline section has one blank line between its blocks, never two.
+func TestMarkdown_BaselineBlankLines(t *testing.T) {
+	lim := Limits{LoopbackRTTP50Us: 20, LoopbackRTTP99Us: 40, FsyncP50Us: 200, FsyncP99Us: 400, FsyncDir: "/tmp"}
+	redis := []Uncontended{{Store: "raw-redis", Clients: 1, CyclesPerSec: 1000}}
+	etcd := []Uncontended{{Store: "raw-etcd", Clients: 1, CyclesPerSec: 500}}
+	zk := []Uncontended{{Store: "raw-zk", Clients: 1, CyclesPerSec: 700}}
+	for name, b := range map[string]Baseline{
+		"etcd only":         {RawEtcd: etcd},
+		"zk only":           {RawZK: zk},
+		"limits and etcd":   {Limits: lim, RawEtcd: etcd},
+		"redis and zk":      {RawRedis: redis, RawZK: zk},
+		"every baseline":    {Limits: lim, RawRedis: redis, RawEtcd: etcd, RawZK: zk},
+		"limits only":       {Limits: lim},
+		"redis only, no W2": {RawRedis: redis},
+	} {
+		var buf bytes.Buffer
+		Report{Baseline: &b, Uncontended: []Uncontended{{Store: "mem://x", Clients: 1, CyclesPerSec: 900}}}.Markdown(&buf)
+		out := buf.String()
+		if strings.Contains(out, "\n\n\n") {
+			t.Errorf("%s: two blank lines in a row:\n%s", name, out)
+		}
+		if !strings.Contains(out, "### Baseline — this machine in this run\n\n") || !strings.Contains(out, "\n\n### W1") {
+			t.Errorf("%s: want a blank line after the Baseline heading and before W1's:\n%s", name, out)
+		}
+	}
+}

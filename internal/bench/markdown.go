@@ -68,7 +68,9 @@ func (r Report) Markdown(w io.Writer) {
 			}
 		}
 		if len(b.RawEtcd) > 0 || len(b.RawZK) > 0 {
-			fmt.Fprintln(w)
+			if lim.LoopbackRTTP50Us > 0 || len(b.RawRedis) > 0 {
+				fmt.Fprintln(w) // after the lines above; the heading's blank line otherwise
+			}
 			if len(b.RawEtcd) > 0 {
 				fmt.Fprintln(w, "- raw etcd recipe: the official client alone, one lease per client granted once, `Txn(If CreateRevision(key) == 0).Then(Put(key, token, lease))` then `Txn(If CreateRevision(key) == fence).Then(Delete(key))`, each client its own connection; no renewal, no waiting")
 			}
