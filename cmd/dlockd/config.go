@@ -89,6 +89,9 @@ func applyConfigFile(fs *pflag.FlagSet, path string) error {
 		if f.Changed { // the command line wins
 			continue
 		}
+		if err := fs.SetAnnotation(key, configAt, []string{at}); err != nil {
+			return fmt.Errorf("%s: key %q: %w", at, key, err)
+		}
 		if err := fs.Set(key, val); err != nil {
 			msg := err.Error()
 			if _, after, ok := strings.Cut(msg, " flag: "); ok { // pflag's "invalid argument %q for %q flag: "
@@ -101,6 +104,25 @@ func applyConfigFile(fs *pflag.FlagSet, path string) error {
 		}
 	}
 	return nil
+}
+
+// configAt is the annotation applyConfigFile puts on each flag it sets:
+// the file and line of the key ("path:line"), for errors found later.
+const configAt = "dlockd-config-at"
+
+// badValue is the one-line error of a flag whose value dlockd refuses
+// after parsing (a negative size, an unknown level): "--name value: want"
+// when it came from the command line, or, from the config file, the file's
+// own form: "path:line: key "name": bad value "value": want".
+func badValue(fs *pflag.FlagSet, name, want string) string {
+	f := fs.Lookup(name)
+	if at := f.Annotations[configAt]; len(at) == 1 {
+		return fmt.Sprintf("dlockd: %s: key %q: bad value %q: %s", at[0], name, f.Value.String(), want)
+	}
+	if f.Value.Type() == "string" {
+		return fmt.Sprintf("dlockd: --%s %q: %s", name, f.Value.String(), want)
+	}
+	return fmt.Sprintf("dlockd: --%s %s: %s", name, f.Value.String(), want)
 }
 
 // readConfigFile reads path, at most maxConfigBytes of it.

@@ -115,6 +115,13 @@ func TestRun_ConfigFileErrorsExit2(t *testing.T) {
 		{"yes for a bool", "insecure-listen: yes\n", []string{`key "insecure-listen"`, `bad value "yes"`, "want true or false"}},
 		{"bad batch mode", "batching: sometimes\n", []string{`key "batching"`, `bad value "sometimes"`, "auto, on or off"}},
 		{"empty batch mode", "batching: \"\"\n", []string{`key "batching"`, "not a batch mode"}},
+		// Values the flags take but dlockd refuses after parsing: the
+		// file's line too, not the flag's name alone.
+		{"negative headroom", "listen: 127.0.0.1:0\ngc-headroom-bytes: -1\n", []string{":2:", `key "gc-headroom-bytes"`, `bad value "-1"`, "want 0 (off) or a positive number of bytes"}},
+		{"gc percent", "gc-percent: -2\n", []string{":1:", `key "gc-percent"`, `bad value "-2"`, "want -1 (GC off)"}},
+		{"negative release", "release-memory-after: -1s\n", []string{":1:", `key "release-memory-after"`, `bad value "-1s"`, "positive duration"}},
+		{"log level", "log-level: loud\n", []string{":1:", `key "log-level"`, `bad value "loud"`, "want debug, info, warn or error"}},
+		{"log format", "log-format: xml\n", []string{":1:", `key "log-format"`, `bad value "xml"`, "want text or json"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -143,6 +150,21 @@ func TestRun_ConfigFileErrorsExit2(t *testing.T) {
 		}
 		if msg := stderr.String(); strings.Count(msg, "\n") != 1 || !strings.Contains(msg, "--config "+path+": ") {
 			t.Errorf("--config %s: stderr %q", path, msg)
+		}
+	}
+	// The same values on the command line are named as flags.
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--gc-headroom-bytes", "-1"}, "dlockd: --gc-headroom-bytes -1: want 0 (off)"},
+		{[]string{"--log-level", "loud"}, `dlockd: --log-level "loud": want debug`},
+		// The command line wins over the file, and its value is the one named.
+		{[]string{"--config", writeConfig(t, "gc-percent: 50\n"), "--gc-percent", "-3"}, "dlockd: --gc-percent -3: want -1 (GC off)"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := run(c.args, &stdout, &stderr); code != 2 || !strings.HasPrefix(stderr.String(), c.want) || strings.Count(stderr.String(), "\n") != 1 {
+			t.Errorf("%v: exit %d, stderr %q, want 2 and %q", c.args, code, stderr.String(), c.want)
 		}
 	}
 	// A value the file sets that Validate refuses is refused like the flag.

@@ -122,15 +122,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if *releaseAfter < 0 {
-		fmt.Fprintf(stderr, "dlockd: --release-memory-after %v: want 0 (off) or a positive duration\n", *releaseAfter)
+		fmt.Fprintln(stderr, badValue(fs, "release-memory-after", "want 0 (off) or a positive duration"))
 		return 2
 	}
 	if *gcPercent < -1 {
-		fmt.Fprintf(stderr, "dlockd: --gc-percent %d: want -1 (GC off) or a percentage of 0 or more\n", *gcPercent)
+		fmt.Fprintln(stderr, badValue(fs, "gc-percent", "want -1 (GC off) or a percentage of 0 or more"))
 		return 2
 	}
 	if *gcHeadroomBytes < 0 {
-		fmt.Fprintf(stderr, "dlockd: --gc-headroom-bytes %d: want 0 (off) or a positive number of bytes\n", *gcHeadroomBytes)
+		fmt.Fprintln(stderr, badValue(fs, "gc-headroom-bytes", "want 0 (off) or a positive number of bytes"))
 		return 2
 	}
 	if os.Getenv("GOGC") == "" {
@@ -145,7 +145,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
-		fmt.Fprintf(stderr, "dlockd: --log-level %q: want debug, info, warn or error\n", *logLevel)
+		fmt.Fprintln(stderr, badValue(fs, "log-level", "want debug, info, warn or error"))
 		return 2
 	}
 	hopts := &slog.HandlerOptions{Level: lvl}
@@ -156,7 +156,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "json":
 		h = slog.NewJSONHandler(stderr, hopts)
 	default:
-		fmt.Fprintf(stderr, "dlockd: --log-format %q: want text or json\n", *logFormat)
+		fmt.Fprintln(stderr, badValue(fs, "log-format", "want text or json"))
 		return 2
 	}
 	log := slog.New(h)
