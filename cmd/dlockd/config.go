@@ -89,7 +89,7 @@ func applyConfigFile(fs *pflag.FlagSet, path string) error {
 		if f.Changed { // the command line wins
 			continue
 		}
-		if err := fs.SetAnnotation(key, configAt, []string{at}); err != nil {
+		if err := fs.SetAnnotation(key, configAt, []string{at, val}); err != nil {
 			return fmt.Errorf("%s: key %q: %w", at, key, err)
 		}
 		if err := fs.Set(key, val); err != nil {
@@ -107,7 +107,8 @@ func applyConfigFile(fs *pflag.FlagSet, path string) error {
 }
 
 // configAt is the annotation applyConfigFile puts on each flag it sets:
-// the file and line of the key ("path:line"), for errors found later.
+// the file and line of the key ("path:line") and the value as the file
+// gives it, for errors found later.
 const configAt = "dlockd-config-at"
 
 // badValue is the one-line error of a flag whose value dlockd refuses
@@ -116,8 +117,8 @@ const configAt = "dlockd-config-at"
 // own form: "path:line: key "name": bad value "value": want".
 func badValue(fs *pflag.FlagSet, name, want string) string {
 	f := fs.Lookup(name)
-	if at := f.Annotations[configAt]; len(at) == 1 {
-		return fmt.Sprintf("dlockd: %s: key %q: bad value %q: %s", at[0], name, f.Value.String(), want)
+	if at := f.Annotations[configAt]; len(at) == 2 {
+		return fmt.Sprintf("dlockd: %s: key %q: bad value %q: %s", at[0], name, at[1], want)
 	}
 	if f.Value.Type() == "string" {
 		return fmt.Sprintf("dlockd: --%s %q: %s", name, f.Value.String(), want)

@@ -118,8 +118,8 @@ func TestRun_ConfigFileErrorsExit2(t *testing.T) {
 		// Values the flags take but dlockd refuses after parsing: the
 		// file's line too, not the flag's name alone.
 		{"negative headroom", "listen: 127.0.0.1:0\ngc-headroom-bytes: -1\n", []string{":2:", `key "gc-headroom-bytes"`, `bad value "-1"`, "want 0 (off) or a positive number of bytes"}},
-		{"gc percent", "gc-percent: -2\n", []string{":1:", `key "gc-percent"`, `bad value "-2"`, "want -1 (GC off)"}},
-		{"negative release", "release-memory-after: -1s\n", []string{":1:", `key "release-memory-after"`, `bad value "-1s"`, "positive duration"}},
+		{"gc percent", "gc-percent: -02\n", []string{":1:", `key "gc-percent"`, `bad value "-02"`, "want -1 (GC off)"}},
+		{"negative release", "release-memory-after: -90s\n", []string{":1:", `key "release-memory-after"`, `bad value "-90s"`, "positive duration"}},
 		{"log level", "log-level: loud\n", []string{":1:", `key "log-level"`, `bad value "loud"`, "want debug, info, warn or error"}},
 		{"log format", "log-format: xml\n", []string{":1:", `key "log-format"`, `bad value "xml"`, "want text or json"}},
 	}

@@ -43,6 +43,11 @@ type Baseline struct {
 	Limits            Limits        `json:"limits"`
 }
 
+// empty reports whether b holds no measurement.
+func (b Baseline) empty() bool {
+	return b.Limits == (Limits{}) && len(b.RawRedis) == 0 && len(b.RawRedisContended) == 0 && len(b.RawEtcd) == 0 && len(b.RawZK) == 0
+}
+
 // Limits are the machine's physical limits for a lock round trip.
 type Limits struct {
 	LoopbackRTTP50Us float64 `json:"loopback_rtt_p50_us"`

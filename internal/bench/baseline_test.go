@@ -2,6 +2,8 @@ package bench
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -217,5 +219,34 @@ func TestPairedRatio(t *testing.T) {
 		if got := pairedRatio(c.v, c.before, c.base); got != c.want {
 			t.Errorf("pairedRatio(%v, %v, %v) = %q, want %q", c.v, c.before, c.base, got, c.want)
 		}
+	}
+}
+
+// TestRun_StoppedInTheBaselineKeepsItsFinishedCells: a run stopped in the
+// baseline's raw W2 cell returns the limits and raw W1 cells measured
+// before it, without the cell cut short, and no store's cell.
+func TestRun_StoppedInTheBaselineKeepsItsFinishedCells(t *testing.T) {
+	r := testservers.StartRedis(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	rep, err := Run(ctx, Config{
+		Stores: []string{r.URL()}, Clients: []int{1, 2}, ContendedClients: []int{2},
+		Duration: 200 * time.Millisecond, SkipHold: true,
+		RawRedisAddr: r.Addr(), LimitsDir: t.TempDir(),
+		Progress: func(format string, a ...any) {
+			if strings.HasPrefix(fmt.Sprintf(format, a...), "W2 raw Redis") {
+				go func() { time.Sleep(50 * time.Millisecond); cancel() }()
+			}
+		},
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run: %v, want context.Canceled", err)
+	}
+	b := rep.Baseline
+	if b == nil || b.Limits.FsyncP50Us <= 0 || len(b.RawRedis) != 2 || len(b.RawRedisContended) != 0 {
+		t.Fatalf("baseline %+v: want the limits and both raw W1 cells, no raw W2 cell", b)
+	}
+	if len(rep.Uncontended) != 0 || len(rep.Contended) != 0 {
+		t.Fatalf("store cells %+v %+v after a stop in the baseline", rep.Uncontended, rep.Contended)
 	}
 }

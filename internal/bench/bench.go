@@ -236,9 +236,9 @@ func (r Report) Empty() bool {
 }
 
 // Run runs every workload against every store, one after the other. On an
-// error (or when ctx ends) it returns the cells finished before it with
-// the error; a failed baseline ends the run before any store's cell, and
-// its own figures are not returned.
+// error (or when ctx ends) it returns the cells finished before it, the
+// baseline's included, with the error; a failed baseline ends the run
+// before any store's cell.
 func Run(ctx context.Context, cfg Config) (Report, error) {
 	if err := cfg.Check(); err != nil {
 		return Report{}, err
@@ -247,10 +247,12 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	var rep Report
 	if cfg.LimitsDir != "" || cfg.RawRedisAddr != "" || cfg.RawEtcdEndpoint != "" || cfg.RawZKAddr != "" {
 		b, err := runBaseline(ctx, cfg)
+		if !b.empty() {
+			rep.Baseline = &b // with an error: the baseline's cells finished before it
+		}
 		if err != nil {
 			return rep, err
 		}
-		rep.Baseline = &b
 	}
 	for _, store := range cfg.Stores {
 		if cfg.Touching != nil {
