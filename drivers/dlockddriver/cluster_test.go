@@ -734,8 +734,9 @@ func TestCluster_LeaderWithWrongAdvertise(t *testing.T) {
 	}
 	var lerr error = dlock.ErrUnavailable
 	// The op timeout leaves room for the followers' NOT_LEADER answers on a
-	// loaded machine: with 1 s, three test binaries beside it once left no
-	// attempt time to reach the hint (plain DeadlineExceeded).
+	// loaded machine: with 1 s, in a make test run (another package's tests
+	// and their servers beside it) it once left no attempt time to reach
+	// the hint (plain DeadlineExceeded).
 	if _, rerr := dlock.New(f).TryAcquire(opCtx(t, 6*time.Second), "adv-y", dlock.WithOpTimeout(3*time.Second)); !errors.Is(rerr, lerr) || !strings.Contains(rerr.Error(), want) {
 		t.Fatalf("root TryAcquire = %v; want ErrUnavailable saying %q", rerr, want)
 	}
