@@ -25,6 +25,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/dlock-dev/dlock/internal/bench"
 	"github.com/dlock-dev/dlock/internal/testservers"
 	"github.com/dlock-dev/dlock/server/servertest"
 )
@@ -266,21 +267,9 @@ func interruptedBench(t *testing.T, store, workload string, extra ...string) int
 // interruptedJSON is the -o json error of an interrupted bench: the cells
 // it finished are its report.
 type interruptedJSON struct {
-	Code     string `json:"code"`
-	ExitCode int    `json:"exit_code"`
-	Report   *struct {
-		Uncontended []struct {
-			Store        string  `json:"store"`
-			Clients      int     `json:"clients"`
-			CyclesPerSec float64 `json:"cycles_per_sec"`
-		} `json:"uncontended"`
-		Contended []struct {
-			Store          string  `json:"store"`
-			Clients        int     `json:"clients"`
-			HandoffsPerSec float64 `json:"handoffs_per_sec"`
-		} `json:"contended"`
-		Held []json.RawMessage `json:"held"`
-	} `json:"report"`
+	Code     string        `json:"code"`
+	ExitCode int           `json:"exit_code"`
+	Report   *bench.Report `json:"report"`
 }
 
 // TestBenchCleanup_InterruptedRedis: a bench stopped by Ctrl-C in the

@@ -177,9 +177,8 @@ func (d *Driver) sessionLoop() {
 	// kickFloor: the least pause a unary write's success may cut a pause
 	// short to (pauseSession): sessionRetryFloor, doubled by each pause so
 	// cut since a stream last answered a call or stayed open a second, so
-	// that a server that keeps
-	// refusing the stream while its unary writes succeed is asked about as
-	// often as the backoff alone would ask it.
+	// that a server that keeps refusing the stream while its unary writes
+	// succeed is asked about as often as the backoff alone would ask it.
 	kickFloor := sessionRetryFloor
 	for ctx.Err() == nil {
 		m, changed := d.cl.current()
@@ -192,7 +191,8 @@ func (d *Driver) sessionLoop() {
 		var client dlockv1.LockClient
 		start := time.Now()
 		accepted := false // the server answered a call on this attempt's stream
-		select {          // a success before this attempt says nothing of its outcome
+		// A success before this attempt says nothing of its outcome.
+		select {
 		case <-d.sessionKick:
 		default:
 		}

@@ -32,7 +32,7 @@ import (
 func TestDriver_SessionReopensWhenUnaryCallsSucceed(t *testing.T) {
 	p := servertest.StartProcess(t, "--raft-heartbeat-timeout", "1s", "--raft-election-timeout", "1s", "--raft-leader-lease-timeout", "500ms")
 	d := dial(t, p.Addr(), nil)
-	waitSessionOpen(t, d, 10*time.Second)
+	waitSession(t, d, true, 10*time.Second)
 	const bound = 150 * time.Millisecond
 	slow := 0
 	for round := range 4 {
@@ -41,11 +41,7 @@ func TestDriver_SessionReopensWhenUnaryCallsSucceed(t *testing.T) {
 		}
 		// The Driver learns of the stopped server when its stream's receive
 		// fails, a moment after the process is reaped.
-		for deadline := time.Now().Add(5 * time.Second); dlockddriver.SessionOpen(d); time.Sleep(5 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("round %d: the Session stream is still open 5 s after the server stopped", round)
-			}
-		}
+		waitSession(t, d, false, 5*time.Second)
 		var firstOK atomic.Int64 // unix nanoseconds of the first successful cycle after the restart
 		stop := make(chan struct{})
 		done := make(chan struct{})
@@ -80,7 +76,7 @@ func TestDriver_SessionReopensWhenUnaryCallsSucceed(t *testing.T) {
 			t.Fatalf("round %d: no lock cycle succeeded within 15 s of the restart", round)
 		}
 		ok := time.Unix(0, firstOK.Load())
-		opened := waitSessionOpen(t, d, 10*time.Second)
+		opened := waitSession(t, d, true, 10*time.Second)
 		gap := opened.Sub(ok)
 		t.Logf("round %d: Session stream open %v after the first successful unary cycle", round, gap.Round(time.Millisecond))
 		if gap > bound {
@@ -97,14 +93,14 @@ func TestDriver_SessionReopensWhenUnaryCallsSucceed(t *testing.T) {
 	}
 }
 
-// waitSessionOpen waits until d's Session stream is open and returns when
-// it saw it open (polled every 5 ms).
-func waitSessionOpen(t *testing.T, d *dlockddriver.Driver, limit time.Duration) time.Time {
+// waitSession waits until d's Session stream is open (open) or closed
+// (!open), polled every 5 ms, and returns when it saw it so.
+func waitSession(t *testing.T, d *dlockddriver.Driver, open bool, limit time.Duration) time.Time {
 	t.Helper()
 	deadline := time.Now().Add(limit)
-	for !dlockddriver.SessionOpen(d) {
+	for dlockddriver.SessionOpen(d) != open {
 		if time.Now().After(deadline) {
-			t.Fatalf("the Session stream did not open within %v", limit)
+			t.Fatalf("the Session stream is not %s after %v", map[bool]string{true: "open", false: "closed"}[open], limit)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

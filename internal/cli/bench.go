@@ -240,18 +240,14 @@ bounded tail of entries after a snapshot).`,
 				// The cells finished before the failure or the signal
 				// are kept: printed as tables, or as the error's
 				// "report" with -o json.
-				if rep.Empty() {
-					return fail
-				}
 				var ee *exitError
-				if !errors.As(fail, &ee) {
-					return fail
-				}
-				if g.json() {
-					ee.report = rep
-				} else {
-					rep.Markdown(g.stdout)
-					fmt.Fprintln(g.stderr, "dlock: bench: the run stopped early: the tables hold the cells it finished")
+				if !rep.Empty() && errors.As(fail, &ee) {
+					if g.json() {
+						ee.report = rep
+					} else {
+						rep.Markdown(g.stdout)
+						fmt.Fprintln(g.stderr, "dlock: bench: the run stopped early: the tables hold the cells it finished")
+					}
 				}
 				return fail
 			}
